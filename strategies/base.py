@@ -1,0 +1,260 @@
+"""The strategy interface, the registry, and the three parts every strategy is made of.
+
+schedule (host) → forward + sample (device) → postprocess (host). A strategy only decides how these are
+arranged in its loop and what its schedule admits; the runtime underneath is the same for all, so a
+difference between strategies in a report comes from scheduling alone.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import ClassVar, Protocol
+
+import torch
+
+from strategies.config import ExecutorConfig
+from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.clock import Clock
+from strategies.runtime.decoder_state import CONTINUE, DISCARDED, FINISH_REASONS
+from strategies.runtime.device import DeviceWork, make_stream
+from strategies.runtime.engine import MAX_STOP_IDS, BufferSet, Engine
+from strategies.runtime.iteration import IterationRecord
+from strategies.runtime.kv_cache import KVCacheManager
+from strategies.runtime.model import ModelConfig
+from strategies.runtime.request import Request, Status
+from strategies.runtime.slots import SlotManager
+from strategies.runtime.tracing import Nvtx
+
+
+class RequestSource(Protocol):
+    """Where requests come from (the harness's trace replay): arrivals, and who to tell of an end."""
+
+    def poll(self, now_s: float) -> list[Request]:
+        """Requests that have arrived by ``now_s`` and may be sent, each once."""
+
+    def next_arrival_s(self) -> float | None:
+        """When the next request can arrive; None if none will until a request ends (or ever)."""
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every request has been handed out."""
+
+    def on_finished(self, request: Request) -> None:
+        """A request reached a terminal status (finished or rejected)."""
+
+
+class ExecutorStalled(RuntimeError):
+    pass
+
+
+class Strategy(ABC):
+    name: ClassVar[str]
+    num_buffer_sets: ClassVar[int] = 1
+
+    def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+                 clock: Clock | None = None) -> None:
+        self.model_cfg = model_cfg
+        self.config = config
+        self.clock = clock or Clock()
+        self.nvtx = Nvtx(config.instrument)
+        self.stream = make_stream(config.device, self.clock, self.nvtx, config.device_threads)
+        self.engine = Engine(model_cfg, model, self.stream, num_slots=config.max_batch_size,
+                             max_seq_len=config.max_seq_len, max_tokens=self.max_tokens_per_step(),
+                             max_batch=config.max_batch_size, num_buffer_sets=self.num_buffer_sets)
+        self.slots = SlotManager(config.max_batch_size)
+        self.kv = KVCacheManager(config.tokens_per_block, config.total_kv_blocks)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []  # admission order
+        self.records: list[IterationRecord] = []
+        self.source: RequestSource | None = None
+        self._admissions = 0
+        self._last_launched: IterationRecord | None = None
+        self._waits_since_launch = 0
+
+    # --- interface --------------------------------------------------------------------------------
+    def run(self, source: RequestSource) -> None:
+        """Serve every request ``source`` hands out until none is left. Raises on an engine fault; the
+        requests then keep the state they reached, for the caller to mark failed."""
+        self.source = source
+        self._loop()
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def max_tokens_per_step(self) -> int:
+        return self.config.max_num_tokens
+
+    def _loop(self) -> None:
+        """The synchronous loop: schedule → launch → wait → postprocess, one step at a time."""
+        bufs = self.engine.buffer_sets[0]
+        iteration = 0
+        while self._intake():
+            self.nvtx.push("iteration")
+            rec, batch = self._schedule_phase(iteration)
+            if batch:
+                work = self._launch(rec, batch, bufs)
+                self._wait(rec, work)
+                self._postprocess(rec, bufs)
+                self._after_step()
+                iteration += 1
+            self.nvtx.pop()
+            if not batch:
+                self._idle()
+
+    def _after_step(self) -> None:
+        """Hook after each step's postprocess (static ends its batch here)."""
+
+    @abstractmethod
+    def schedule(self, iteration: int) -> ScheduledBatch: ...
+
+    def rejection(self, r: Request) -> str | None:
+        """Why ``r`` can never be served by this executor, or None."""
+        c, cfg = self.config, self.model_cfg
+        if r.prompt_len == 0:
+            return "empty prompt"
+        if r.max_new_tokens <= 0:
+            return f"max_new_tokens must be positive, got {r.max_new_tokens}"
+        if r.prompt_len + r.max_new_tokens > c.max_seq_len:
+            return (f"prompt ({r.prompt_len}) + max_new_tokens ({r.max_new_tokens}) exceeds "
+                    f"max_seq_len ({c.max_seq_len})")
+        if self.kv.blocks_for(r.prompt_len + r.max_new_tokens) > self.kv.total_blocks:
+            return f"needs more KV blocks than the cache has ({self.kv.total_blocks})"
+        if len(r.sampling.stop_token_ids) >= MAX_STOP_IDS:
+            return f"at most {MAX_STOP_IDS - 1} stop token ids"
+        if r.prompt_token_ids.min() < 0 or r.prompt_token_ids.max() >= cfg.vocab_size:
+            return f"prompt token id outside the vocabulary [0, {cfg.vocab_size})"
+        return None
+
+    # --- intake and idling ------------------------------------------------------------------------
+    def _intake(self) -> bool:
+        """Move arrived requests into the queue; False once there is nothing left to do."""
+        assert self.source is not None
+        for r in self.source.poll(self.clock.now()):
+            reason = self.rejection(r)
+            if reason is None:
+                self.waiting.append(r)
+            else:
+                r.end(Status.REJECTED, reason)
+                self.source.on_finished(r)
+        return bool(self.waiting or self.running or not self.source.exhausted)
+
+    def _idle(self) -> None:
+        assert self.source is not None
+        nxt = self.source.next_arrival_s()
+        if nxt is None:
+            raise ExecutorStalled(f"{self.name}: nothing schedulable and nothing arriving "
+                                  f"({len(self.waiting)} waiting, {len(self.running)} running)")
+        self.clock.sleep_until(nxt)
+
+    # --- slots and KV ---------------------------------------------------------------------------
+    def _admit(self, r: Request, blocks_for_tokens: int) -> None:
+        slot = self.slots.acquire(r.request_id)
+        r.admit(slot, self._admissions)
+        self._admissions += 1
+        self.kv.grow(r.request_id, blocks_for_tokens)
+        self.running.append(r)
+
+    def _release(self, r: Request) -> None:
+        if r.slot is not None:
+            self.slots.release(r.slot, r.request_id)
+            r.slot = None
+        self.kv.free(r.request_id)
+        if r in self.running:
+            self.running.remove(r)
+
+    # --- the three parts ------------------------------------------------------------------------
+    @contextmanager
+    def _phase(self, rec: IterationRecord, name: str) -> Iterator[None]:
+        self.nvtx.push(name)
+        start = self.clock.now()
+        try:
+            yield
+        finally:
+            setattr(rec, f"{name}_start_s", start)
+            setattr(rec, f"{name}_end_s", self.clock.now())
+            self.nvtx.pop()
+
+    def _schedule_phase(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
+        rec = IterationRecord(iteration)
+        with self._phase(rec, "schedule"):
+            batch = self.schedule(iteration)
+        rec.num_context_requests = len(batch.context)
+        rec.num_generation_requests = len(batch.generation)
+        rec.num_tokens = batch.num_tokens
+        rec.num_padding_tokens = batch.num_padding_tokens
+        rec.active_slots = self.slots.num_used
+        rec.waiting_requests = len(self.waiting)
+        rec.kv_blocks_used = self.kv.blocks_in_use
+        rec.kv_blocks_total = self.kv.total_blocks
+        rec.preemptions = len(batch.preempted)
+        if batch:
+            self.records.append(rec)
+        return rec, batch
+
+    def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
+        with self._phase(rec, "prepare"):
+            self.engine.prepare(batch, bufs)
+            work = self.engine.launch(rec.iteration, bufs)
+        rec.launch_s = self.clock.now()
+        rec.num_samples = len(bufs.step.rows)
+        if self._last_launched is not None:
+            self._last_launched.waits_before_next_launch = self._waits_since_launch
+        self._last_launched, self._waits_since_launch = rec, 0
+        return work
+
+    def _wait(self, rec: IterationRecord, work: DeviceWork) -> None:
+        rec.wait_s = self.stream.wait(work)
+        self._waits_since_launch += 1
+        for name, (start, end) in work.times.items():
+            setattr(rec, f"{name}_start_s", start)
+            setattr(rec, f"{name}_end_s", end)
+
+    def _postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
+        """Hand each sampled token to its request; finish the ones the device says are done."""
+        with self._phase(rec, "postprocess"):
+            now = self.clock.now()
+            tokens, codes = self.engine.outputs(bufs)
+            for r, tok, code in zip(bufs.step.rows, tokens, codes, strict=True):
+                r.pending_samples -= 1
+                if code == DISCARDED or r.status.terminal:
+                    continue
+                r.append_token(tok, now)
+                if code != CONTINUE:
+                    self._finish(r, FINISH_REASONS[code])
+
+    def _finish(self, r: Request, reason: str) -> None:
+        self._release(r)
+        if r in self.waiting:  # overlap: preempted while its last token was still on the device
+            self.waiting.remove(r)
+        r.end(Status.FINISHED, reason)
+        assert self.source is not None
+        self.source.on_finished(r)
+
+
+_REGISTRY: dict[str, type[Strategy]] = {}
+
+
+def register(cls: type[Strategy]) -> type[Strategy]:
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def strategy_names() -> list[str]:
+    _load_builtin()
+    return sorted(_REGISTRY)
+
+
+def get_strategy(name: str) -> type[Strategy]:
+    _load_builtin()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def _load_builtin() -> None:
+    import strategies.inflight.executor
+    import strategies.overlap.executor
+    import strategies.static.executor  # noqa: F401

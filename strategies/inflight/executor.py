@@ -1,0 +1,31 @@
+"""In-flight batching: iteration-level scheduling; each request holds a slot from admission to finish.
+
+Every iteration admits waiting requests into free slots, runs context and generation requests in one
+forward, and releases a slot in the iteration its request finishes. The host waits for each step
+before scheduling the next one: the loop is ``Strategy._loop``, the synchronous arrangement.
+"""
+
+from __future__ import annotations
+
+from strategies.base import Strategy, register
+from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.request import Request
+from strategies.scheduler import IterationScheduler
+
+
+@register
+class InflightStrategy(Strategy):
+    name = "inflight"
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.scheduler = IterationScheduler(self.config, self.kv)
+
+    def schedule(self, iteration: int) -> ScheduledBatch:
+        return self.scheduler.schedule(iteration, self.waiting, self.running, self.slots.num_free,
+                                       self._admit, self._preempt)
+
+    def _preempt(self, r: Request) -> None:
+        self._release(r)
+        r.preempt()
+        self.waiting.appendleft(r)

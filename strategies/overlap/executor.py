@@ -1,0 +1,41 @@
+"""Overlap scheduling: the in-flight loop with postprocess moved one iteration later.
+
+The host schedules and prepares step n+1 and launches it before it waits for step n, then processes
+n's tokens while the device runs n+1. Generation inputs of n+1 are read on the device from the tokens
+sampled at n, and the two steps use different buffer sets. The host learns of a finish one step late:
+a request that hit a stop token at n is computed once more at n+1, that token is discarded, and its
+slot is released one iteration later. (Length finishes are known in advance and cost nothing extra.)
+"""
+
+from __future__ import annotations
+
+from strategies.base import register
+from strategies.inflight.executor import InflightStrategy
+from strategies.runtime.device import DeviceWork
+from strategies.runtime.engine import BufferSet
+from strategies.runtime.iteration import IterationRecord
+
+
+@register
+class OverlapStrategy(InflightStrategy):
+    name = "overlap"
+    num_buffer_sets = 2
+
+    def _loop(self) -> None:
+        prev: tuple[IterationRecord, DeviceWork, BufferSet] | None = None
+        iteration = 0
+        while self._intake() or prev is not None:
+            self.nvtx.push("iteration")
+            rec, batch = self._schedule_phase(iteration)
+            launched = None
+            if batch:
+                bufs = self.engine.buffer_sets[iteration % self.num_buffer_sets]
+                launched = (rec, self._launch(rec, batch, bufs), bufs)
+                iteration += 1
+            if prev is not None:  # the in-flight loop's wait + postprocess, one iteration later
+                self._wait(prev[0], prev[1])
+                self._postprocess(prev[0], prev[2])
+            self.nvtx.pop()
+            if launched is None and prev is None:
+                self._idle()
+            prev = launched

@@ -1,0 +1,52 @@
+"""What a scheduler hands the engine for one iteration."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from strategies.runtime.request import Request
+
+
+@dataclass(slots=True)
+class ContextChunk:
+    request: Request
+    start: int  # position of the chunk's first token (> 0 for a later chunk of a chunked prefill)
+    length: int  # real tokens computed in this chunk
+    samples: bool  # the prefill's last chunk: the next token is sampled from its last row
+    padding: int = 0  # pad tokens computed after the real ones (static batching pads to the longest)
+
+
+@dataclass(slots=True)
+class GenerationStep:
+    request: Request
+    position: int  # position of the input token (the last sampled one, read from decoder state)
+    padding: bool = False  # static: the request already finished; the row is computed and discarded
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    iteration: int
+    context: list[ContextChunk] = field(default_factory=list)  # forward order: context first...
+    generation: list[GenerationStep] = field(default_factory=list)  # ...then one token per request
+    admitted: list[Request] = field(default_factory=list)  # decoder-state rows to reset before the step
+    preempted: list[Request] = field(default_factory=list)  # gave up slot and KV in this schedule
+
+    @property
+    def num_context_tokens(self) -> int:
+        return sum(c.length + c.padding for c in self.context)
+
+    @property
+    def num_tokens(self) -> int:
+        return self.num_context_tokens + len(self.generation)
+
+    @property
+    def num_padding_tokens(self) -> int:
+        return sum(c.padding for c in self.context) + sum(g.padding for g in self.generation)
+
+    @property
+    def sampled_requests(self) -> list[Request]:
+        """Requests in the order of the step's output rows."""
+        return [c.request for c in self.context if c.samples] + [g.request for g in self.generation]
+
+    def __bool__(self) -> bool:
+        return bool(self.context or self.generation)

@@ -1,0 +1,19 @@
+"""The run clock: seconds since run start on one monotonic clock, shared by host and device records."""
+
+from __future__ import annotations
+
+import time
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def sleep_until(self, t: float) -> None:
+        """Idle until ``t`` (never spins); returns at once if ``t`` has passed."""
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)

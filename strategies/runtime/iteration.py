@@ -1,0 +1,45 @@
+"""What one iteration records. Every strategy emits exactly these rows; all times are run-clock seconds."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+NAN = float("nan")
+
+
+@dataclass(slots=True)
+class IterationRecord:
+    iteration: int
+    # Host phases of this iteration's step (under overlap, postprocess runs during the next step).
+    schedule_start_s: float = NAN
+    schedule_end_s: float = NAN
+    prepare_start_s: float = NAN
+    prepare_end_s: float = NAN
+    postprocess_start_s: float = NAN
+    postprocess_end_s: float = NAN
+    # Device phases, as the device stream timed them.
+    forward_start_s: float = NAN
+    forward_end_s: float = NAN
+    sample_start_s: float = NAN
+    sample_end_s: float = NAN
+    launch_s: float = NAN  # when the host handed the step to the device stream
+    wait_s: float = 0.0  # seconds the host blocked waiting for this step's outputs
+    waits_before_next_launch: int = 0  # host waits on the device between this launch and the next one
+    # What was computed.
+    num_context_requests: int = 0  # context chunks (prefill) in the forward
+    num_generation_requests: int = 0  # one-token generation rows, padding rows included
+    num_tokens: int = 0  # tokens computed, padding included
+    num_padding_tokens: int = 0  # computed for nothing: static's pad tokens and finished rows
+    num_samples: int = 0  # rows sampled (tokens produced, before discards)
+    # Executor state when the step was scheduled.
+    active_slots: int = 0
+    waiting_requests: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks_total: int = 0
+    preemptions: int = 0  # requests preempted by this iteration's schedule
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+ITERATION_COLUMNS = [f.name for f in fields(IterationRecord)]

@@ -1,0 +1,134 @@
+"""A request and its progress. The request owns its counters; strategies keep no parallel bookkeeping."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"  # visible to the executor, holds no slot
+    RUNNING = "running"  # holds a slot and KV blocks
+    FINISHED = "finished"
+    REJECTED = "rejected"  # never admitted: it can not fit this executor's limits
+    FAILED = "failed"  # the run stopped (fault or interrupt) before it finished
+
+    @property
+    def terminal(self) -> bool:
+        return self in (Status.FINISHED, Status.REJECTED, Status.FAILED)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request sampling. temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 disable a filter."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS, unless ignore_eos
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
+        if not 0 <= self.seed < 2**32:
+            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+
+    @property
+    def uses_filters(self) -> bool:
+        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1 or self.min_p > 0)
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: np.ndarray  # int64 [prompt_len]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    arrival_s: float = 0.0  # when the client sent it, seconds since run start
+
+    status: Status = Status.WAITING
+    slot: int | None = None
+    num_computed_tokens: int = 0  # tokens whose KV is written or launched into the slot's cache
+    context_target: int = 0  # tokens to prefill on this admission: prompt + outputs known at admission
+    pending_samples: int = 0  # samples launched on the device whose token the host has not read yet
+    num_output_tokens: int = 0
+    token_times_s: list[float] = field(default_factory=list)  # when the host handed each token out
+    finish_reason: str | None = None  # "stop", "length", or why it was rejected / failed
+    preemptions: int = 0
+    admitted_seq: int = -1  # admission order: max-utilization preempts the most recent first
+
+    def __post_init__(self) -> None:
+        prompt = np.asarray(self.prompt_token_ids, dtype=np.int64)
+        # One buffer for prompt and outputs, so a resume after preemption prefills a plain slice.
+        self._tokens = np.zeros(len(prompt) + max(self.max_new_tokens, 0), dtype=np.int64)
+        self._tokens[: len(prompt)] = prompt
+        self.prompt_token_ids = self._tokens[: len(prompt)]
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        """Prompt followed by the outputs the host has received."""
+        return self._tokens[: self.prompt_len + self.num_output_tokens]
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self._tokens[self.prompt_len: self.prompt_len + self.num_output_tokens].tolist()
+
+    @property
+    def is_prefilling(self) -> bool:
+        return self.num_computed_tokens < self.context_target
+
+    @property
+    def num_scheduled_samples(self) -> int:
+        return self.num_output_tokens + self.pending_samples
+
+    @property
+    def wants_more_samples(self) -> bool:
+        """False once every token up to max_new_tokens is received or already on its way."""
+        return self.num_scheduled_samples < self.max_new_tokens
+
+    @property
+    def first_token_s(self) -> float | None:
+        return self.token_times_s[0] if self.token_times_s else None
+
+    @property
+    def finish_s(self) -> float | None:
+        return self.token_times_s[-1] if self.status is Status.FINISHED and self.token_times_s else None
+
+    def append_token(self, token: int, now_s: float) -> None:
+        self._tokens[self.prompt_len + self.num_output_tokens] = token
+        self.num_output_tokens += 1
+        self.token_times_s.append(now_s)
+
+    def admit(self, slot: int, seq: int) -> None:
+        self.status = Status.RUNNING
+        self.slot = slot
+        self.admitted_seq = seq
+        self.num_computed_tokens = 0
+        self.context_target = self.prompt_len + self.num_output_tokens
+
+    def preempt(self) -> None:
+        """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume."""
+        self.status = Status.WAITING
+        self.slot = None
+        self.num_computed_tokens = 0
+        self.preemptions += 1
+
+    def end(self, status: Status, reason: str) -> None:
+        """Terminal status; the strategy releases the slot (static keeps it until its batch ends)."""
+        self.status = status
+        self.finish_reason = reason

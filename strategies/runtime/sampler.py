@@ -1,0 +1,59 @@
+"""The device sampler: greedy, temperature, top-k, top-p and min-p, per request, as pure tensor code.
+
+Randomness is counter-based: the noise for (seed, step, vocabulary index) is a hash of those three
+numbers, turned into Gumbel noise. A request's draw therefore depends only on its own seed and how many
+tokens it has generated — never on the batch around it, the slot it holds, or the strategy that ran it.
+Nothing here reads a tensor back to the host.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+@torch.jit.script
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    # lowbias32 (Chris Wellons). Values stay in [0, 2**32); int64 products wrap but their low 32 bits
+    # are exact, and the mask keeps every right shift logical.
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & 0xFFFFFFFF
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & 0xFFFFFFFF
+    return x ^ (x >> 16)
+
+
+@torch.jit.script
+def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Uniform noise in (0, 1) of shape [B, vocab]: a pure function of (seed, step, vocab index)."""
+    key = _mix32((seeds & 0xFFFFFFFF) ^ _mix32((steps * 0x9E3779B1 + 0x632BE5AB) & 0xFFFFFFFF))  # [B]
+    idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)  # [V]
+    h = _mix32(((key.unsqueeze(1) * 0x85EBCA77) & 0xFFFFFFFF) ^ idx.unsqueeze(0))  # [B, V]
+    return ((h >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+
+
+@torch.jit.script
+def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
+           min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, use_filters: bool) -> torch.Tensor:
+    """One token per row. logits [B, V]; per-row parameters [B]; ``use_filters`` is a host-known flag
+    (some row in the batch uses top-k/top-p/min-p) that skips the sort when nobody needs it."""
+    vocab = logits.size(1)
+    greedy = torch.argmax(logits, dim=-1)  # [B]
+    scaled = logits.float() / temperature.clamp(min=1e-6).unsqueeze(1)  # [B, V]
+    if use_filters:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
+        probs = torch.softmax(sorted_logits, dim=-1)  # [B, V]
+        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)  # [1, V]
+        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [B, 1]
+        remove = ranks >= k
+        # Keep the smallest prefix whose mass reaches top_p: a token goes when the mass before it does.
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        remove = remove | ((mass_before > top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1))
+        remove = remove | (probs < (min_p * probs[:, 0]).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+        scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+    u = counter_uniform(seeds, steps, vocab)
+    gumbel = -torch.log(-torch.log(u))  # [B, V]
+    sampled = torch.argmax(scaled + gumbel, dim=-1)  # [B]
+    return torch.where(temperature > 0, sampled, greedy)
