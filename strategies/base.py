@@ -72,7 +72,7 @@ class Strategy(ABC):
         self.source: RequestSource | None = None
         self._admissions = 0
         self._last_launched: IterationRecord | None = None
-        self._waits_since_launch = 0
+        self._last_waited: IterationRecord | None = None
 
     # --- interface --------------------------------------------------------------------------------
     def run(self, source: RequestSource) -> None:
@@ -201,13 +201,13 @@ class Strategy(ABC):
         rec.launch_s = self.clock.now()
         rec.num_samples = len(bufs.step.rows)
         if self._last_launched is not None:
-            self._last_launched.waits_before_next_launch = self._waits_since_launch
-        self._last_launched, self._waits_since_launch = rec, 0
+            self._last_launched.waited_before_next_launch = int(self._last_waited is self._last_launched)
+        self._last_launched = rec
         return work
 
     def _wait(self, rec: IterationRecord, work: DeviceWork) -> None:
         rec.wait_s = self.stream.wait(work)
-        self._waits_since_launch += 1
+        self._last_waited = rec
         for name, (start, end) in work.times.items():
             setattr(rec, f"{name}_start_s", start)
             setattr(rec, f"{name}_end_s", end)

@@ -25,6 +25,13 @@ class InflightStrategy(Strategy):
         return self.scheduler.schedule(iteration, self.waiting, self.running, self.slots.num_free,
                                        self._admit, self._preempt)
 
+    def rejection(self, r: Request) -> str | None:
+        reason = super().rejection(r)
+        if reason is None and not self.config.chunked_prefill and r.prompt_len > self.config.max_num_tokens:
+            reason = (f"prompt ({r.prompt_len}) exceeds max_num_tokens ({self.config.max_num_tokens}) "
+                      "without chunked prefill")
+        return reason
+
     def _preempt(self, r: Request) -> None:
         self._release(r)
         r.preempt()

@@ -4,13 +4,16 @@ The host schedules and prepares step n+1 and launches it before it waits for ste
 n's tokens while the device runs n+1. Generation inputs of n+1 are read on the device from the tokens
 sampled at n, and the two steps use different buffer sets. The host learns of a finish one step late:
 a request that hit a stop token at n is computed once more at n+1, that token is discarded, and its
-slot is released one iteration later. (Length finishes are known in advance and cost nothing extra.)
+slot is released one iteration later. Length finishes are known in advance: once a request's last
+token is launched its slot and blocks go back at the next schedule, before that token is read — safe
+because the device runs steps in order, so a new owner's admission lands after the old step.
 """
 
 from __future__ import annotations
 
 from strategies.base import register
 from strategies.inflight.executor import InflightStrategy
+from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.device import DeviceWork
 from strategies.runtime.engine import BufferSet
 from strategies.runtime.iteration import IterationRecord
@@ -20,6 +23,12 @@ from strategies.runtime.iteration import IterationRecord
 class OverlapStrategy(InflightStrategy):
     name = "overlap"
     num_buffer_sets = 2
+
+    def schedule(self, iteration: int) -> ScheduledBatch:
+        for r in list(self.running):
+            if not r.is_prefilling and not r.wants_more_samples:  # last token launched, not yet read
+                self._release(r)
+        return super().schedule(iteration)
 
     def _loop(self) -> None:
         prev: tuple[IterationRecord, DeviceWork, BufferSet] | None = None

@@ -24,7 +24,7 @@ class IterationRecord:
     sample_end_s: float = NAN
     launch_s: float = NAN  # when the host handed the step to the device stream
     wait_s: float = 0.0  # seconds the host blocked waiting for this step's outputs
-    waits_before_next_launch: int = 0  # host waits on the device between this launch and the next one
+    waited_before_next_launch: int = 0  # 1 if the host blocked on this step before launching the next
     # What was computed.
     num_context_requests: int = 0  # context chunks (prefill) in the forward
     num_generation_requests: int = 0  # one-token generation rows, padding rows included

@@ -1,0 +1,72 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from strategies.config import ExecutorConfig
+from strategies.runtime.checkpoint import config_from_hf, load_checkpoint
+from strategies.runtime.engine import script_model
+from strategies.runtime.model import PRESETS, build_model, resolve_model_config
+from strategies.runtime.request import SamplingParams
+from tests.util import make_requests, run_strategy
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoint(tmp_path_factory):
+    """A random LlamaForCausalLM built from a config (no hub access), saved with save_pretrained."""
+    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                                   rope_theta=10000.0, rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=1,
+                                   pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(cfg).to(torch.float64).eval()
+    path = tmp_path_factory.mktemp("ckpt")
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model
+
+
+def test_checkpoint_is_safetensors_only(hf_checkpoint):
+    path, _ = hf_checkpoint
+    assert list(path.glob("*.safetensors")) and not list(path.glob("*.bin"))
+
+
+def test_loaded_checkpoint_matches_transformers_generate(hf_checkpoint):
+    path, hf_model = hf_checkpoint
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")
+    model = script_model(load_checkpoint(path, cfg))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 300, size=n).tolist() for n in (5, 9, 14, 7)]
+    new = 12
+    specs = [(p, new, SamplingParams()) for p in prompts]  # both stop at EOS (id 2)
+    reqs = make_requests(specs)
+    run_strategy("inflight", cfg, model, ExecutorConfig(max_batch_size=4, max_seq_len=64), reqs)
+    for p, r in zip(prompts, reqs, strict=True):
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                                pad_token_id=0)
+        assert r.output_token_ids == ref[0, len(p):].tolist()
+
+
+def test_bad_checkpoint_is_refused(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "vocab_size": 10}))
+    with pytest.raises(ValueError, match="not Llama-style"):
+        resolve_model_config(str(tmp_path))
+    cfg = PRESETS["tiny"]
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not loaded")
+    with pytest.raises(ValueError, match=r"no \*\.safetensors"):
+        load_checkpoint(tmp_path, cfg)
+
+
+def test_unknown_model_name():
+    with pytest.raises(ValueError, match="not a preset"):
+        resolve_model_config("no-such-model")
+
+
+def test_presets_are_seeded_and_scriptable():
+    a, b = build_model(PRESETS["tiny"]), build_model(PRESETS["tiny"])
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    script_model(a)  # compiles
+    assert PRESETS["small"].num_parameters > 5 * PRESETS["tiny"].num_parameters

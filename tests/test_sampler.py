@@ -1,0 +1,101 @@
+import numpy as np
+import torch
+
+from strategies.runtime.sampler import counter_uniform, sample
+
+
+def params(b, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, step=0):
+    def full(v, dtype):
+        return torch.full((b,), v, dtype=dtype)
+    return (full(temperature, torch.float32), full(top_k, torch.int64), full(top_p, torch.float32),
+            full(min_p, torch.float32), full(seed, torch.int64), full(step, torch.int64))
+
+
+def draw_many(logits_row, n, **kw):
+    """n draws for one distribution: the same seed at steps 0..n-1 (independent counter streams)."""
+    logits = logits_row.expand(n, -1).contiguous()
+    t, k, p, m, s, _ = params(n, **kw)
+    steps = torch.arange(n)
+    return sample(logits, t, k, p, m, s, steps, True)
+
+
+def test_temperature_to_zero_equals_greedy():
+    logits = torch.randn(64, 300, generator=torch.Generator().manual_seed(1))
+    greedy = sample(logits, *params(64, temperature=0.0), False)
+    assert torch.equal(greedy, logits.argmax(-1))
+    cold = sample(logits, *params(64, temperature=1e-4, seed=5, step=3), False)
+    assert torch.equal(cold, greedy)
+
+
+def test_top_k_never_leaves_the_top_k():
+    row = torch.randn(50, generator=torch.Generator().manual_seed(2))
+    draws = draw_many(row, 4000, top_k=5)
+    allowed = set(torch.topk(row, 5).indices.tolist())
+    assert set(draws.tolist()) <= allowed
+    assert len(set(draws.tolist())) == 5  # and it does use all of them
+
+
+def test_top_p_respects_the_mass():
+    row = torch.randn(40, generator=torch.Generator().manual_seed(3)) * 2
+    probs = torch.softmax(row, -1)
+    order = torch.argsort(probs, descending=True)
+    cum = torch.cumsum(probs[order], 0)
+    nucleus = set(order[: int((cum < 0.7).sum()) + 1].tolist())  # smallest prefix with mass >= 0.7
+    draws = set(draw_many(row, 4000, top_p=0.7).tolist())
+    assert draws <= nucleus
+    assert draws == nucleus
+
+
+def test_min_p_threshold():
+    row = torch.randn(60, generator=torch.Generator().manual_seed(4)) * 2
+    probs = torch.softmax(row, -1)
+    allowed = set(torch.nonzero(probs >= 0.2 * probs.max()).flatten().tolist())
+    draws = set(draw_many(row, 4000, min_p=0.2).tolist())
+    assert draws <= allowed
+    assert len(allowed) > 1 and draws == allowed
+
+
+def test_empirical_distribution_matches_softmax():
+    row = torch.tensor([1.0, 0.5, 0.0, -0.5, 2.0, 0.2, -1.0, 0.8])
+    n = 40000
+    draws = draw_many(row, n, temperature=0.9, seed=1234)
+    counts = np.bincount(draws.numpy(), minlength=8)
+    expected = torch.softmax(row / 0.9, -1).double().numpy() * n
+    chi2 = float(((counts - expected) ** 2 / expected).sum())
+    # 7 degrees of freedom: the 0.999 quantile is 24.3.
+    assert chi2 < 24.3, (chi2, counts, expected)
+
+
+def test_same_seed_and_step_same_token_whatever_the_batch():
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(16, 100, generator=g)
+    t, k, p, m, s, st = params(16, temperature=1.0, top_p=0.95)
+    s = torch.arange(16) * 7 + 1
+    st = torch.arange(16) % 5
+    full = sample(logits, t, k, p, m, s, st, True)
+    perm = torch.randperm(16, generator=g)
+    shuffled = sample(logits[perm], t[perm], k[perm], p[perm], m[perm], s[perm], st[perm], True)
+    assert torch.equal(shuffled, full[perm])
+    for i in (0, 9):  # alone, in a batch of one
+        one = sample(logits[i:i + 1], t[i:i + 1], k[i:i + 1], p[i:i + 1], m[i:i + 1], s[i:i + 1], st[i:i + 1], True)
+        assert one.item() == full[i].item()
+
+
+def test_noise_is_uniform_and_depends_on_seed_and_step():
+    u = counter_uniform(torch.tensor([1, 1, 2]), torch.tensor([0, 1, 0]), 10000)
+    assert u.min() > 0 and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.01
+    assert not torch.equal(u[0], u[1]) and not torch.equal(u[0], u[2])
+    assert torch.equal(counter_uniform(torch.tensor([1]), torch.tensor([0]), 10000)[0], u[0])
+
+
+def test_heterogeneous_parameters_in_one_batch():
+    logits = torch.randn(4, 30, generator=torch.Generator().manual_seed(6))
+    t = torch.tensor([0.0, 1.0, 1.0, 1.0])
+    k = torch.tensor([0, 1, 0, 0])
+    p = torch.tensor([1.0, 1.0, 1e-6, 1.0])
+    m = torch.tensor([0.0, 0.0, 0.0, 0.0])
+    out = sample(logits, t, k, p, m, torch.arange(4), torch.zeros(4, dtype=torch.long), True)
+    top1 = logits.argmax(-1)
+    # greedy row, top-k=1 row and a vanishing top-p row are all forced to the argmax
+    assert out[0] == top1[0] and out[1] == top1[1] and out[2] == top1[2]

@@ -1,0 +1,97 @@
+"""Shared test helpers: a small model, a list-backed request source, and a reference decoder."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from strategies.base import get_strategy
+from strategies.config import ExecutorConfig
+from strategies.runtime.engine import script_model
+from strategies.runtime.model import PRESETS, ModelConfig, build_model
+from strategies.runtime.request import Request, SamplingParams, Status
+from strategies.runtime.sampler import sample
+
+# float64 so that different batch shapes cannot flip a near-tie between two logits.
+TINY64 = PRESETS["tiny"].with_dtype("float64")
+
+
+class ListSource:
+    """All requests known up front; arrivals by their ``arrival_s``."""
+
+    def __init__(self, requests: list[Request]) -> None:
+        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        self.i = 0
+        self.ended: list[Request] = []
+
+    def poll(self, now_s: float) -> list[Request]:
+        out = []
+        while self.i < len(self.requests) and self.requests[self.i].arrival_s <= now_s:
+            out.append(self.requests[self.i])
+            self.i += 1
+        return out
+
+    def next_arrival_s(self) -> float | None:
+        return self.requests[self.i].arrival_s if self.i < len(self.requests) else None
+
+    @property
+    def exhausted(self) -> bool:
+        return self.i >= len(self.requests)
+
+    def on_finished(self, request: Request) -> None:
+        self.ended.append(request)
+
+
+def make_requests(specs: list[tuple[list[int], int, SamplingParams]], arrival_s: float = 0.0) -> list[Request]:
+    return [Request(f"r{i}", np.asarray(p, dtype=np.int64), n, s, arrival_s=arrival_s)
+            for i, (p, n, s) in enumerate(specs)]
+
+
+def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+                 requests: list[Request]):
+    strategy = get_strategy(name)(model_cfg, model, config)
+    try:
+        strategy.run(ListSource(requests))
+    finally:
+        strategy.close()
+    return strategy
+
+
+def reference_decode(model: torch.nn.Module, cfg: ModelConfig, r: Request) -> list[int]:
+    """One request alone, every token by full recomputation of the whole sequence (no KV reuse)."""
+    s = r.sampling
+    tokens = list(r.prompt_token_ids)
+    stops = set(s.stop_token_ids) | (set() if s.ignore_eos else {cfg.eos_token_id})
+    out: list[int] = []
+    for step in range(r.max_new_tokens):
+        n = len(tokens)
+        shape = (cfg.num_hidden_layers, 1, n, cfg.num_key_value_heads, cfg.head_dim)
+        k = torch.zeros(shape, dtype=cfg.torch_dtype)
+        logits = model(torch.tensor(tokens), torch.arange(n), torch.zeros(n, dtype=torch.long), k, torch.zeros_like(k),
+                       [0], [n], [0], [0], n, 0, torch.tensor([n - 1]))
+        tok = int(sample(logits, torch.tensor([s.temperature]), torch.tensor([s.top_k]), torch.tensor([s.top_p]),
+                         torch.tensor([s.min_p]), torch.tensor([s.seed]), torch.tensor([step]), s.uses_filters)[0])
+        out.append(tok)
+        tokens.append(tok)
+        if tok in stops:
+            break
+    return out
+
+
+_MODELS: dict[str, tuple[torch.nn.Module, torch.nn.Module]] = {}
+
+
+def tiny_models() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """(eager, scripted) tiny float64 model, built once per test session."""
+    if "tiny" not in _MODELS:
+        eager = build_model(TINY64)
+        _MODELS["tiny"] = (eager, script_model(eager))
+    return _MODELS["tiny"]
+
+
+def assert_accounted(requests: list[Request]) -> None:
+    for r in requests:
+        assert r.status.terminal, f"{r.request_id} ended {r.status}"
+        assert r.finish_reason, f"{r.request_id} has no reason"
+        if r.status is Status.FINISHED:
+            assert 1 <= r.num_output_tokens <= r.max_new_tokens
