@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import ClassVar, Protocol
 
@@ -71,6 +71,7 @@ class Strategy(ABC):
         self.records: list[IterationRecord] = []
         self.source: RequestSource | None = None
         self._admissions = 0
+        self.iteration_hook: Callable[[int], None] | None = None  # called as each iteration starts
         self._last_launched: IterationRecord | None = None
         self._last_waited: IterationRecord | None = None
 
@@ -178,6 +179,8 @@ class Strategy(ABC):
             self.nvtx.pop()
 
     def _schedule_phase(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
+        if self.iteration_hook is not None:
+            self.iteration_hook(iteration)
         rec = IterationRecord(iteration)
         with self._phase(rec, "schedule"):
             batch = self.schedule(iteration)

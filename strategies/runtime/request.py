@@ -59,6 +59,7 @@ class Request:
 
     status: Status = Status.WAITING
     slot: int | None = None
+    last_slot: int | None = None  # the slot it held last (kept after release, for the records)
     num_computed_tokens: int = 0  # tokens whose KV is written or launched into the slot's cache
     context_target: int = 0  # tokens to prefill on this admission: prompt + outputs known at admission
     pending_samples: int = 0  # samples launched on the device whose token the host has not read yet
@@ -116,7 +117,7 @@ class Request:
 
     def admit(self, slot: int, seq: int) -> None:
         self.status = Status.RUNNING
-        self.slot = slot
+        self.slot = self.last_slot = slot
         self.admitted_seq = seq
         self.num_computed_tokens = 0
         self.context_target = self.prompt_len + self.num_output_tokens

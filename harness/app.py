@@ -1,0 +1,213 @@
+"""``slotbench run``: a trace, a model and a list of strategies → one run directory.
+
+Layout (all times are seconds since the run start on one monotonic clock)::
+
+    OUT/run.json                       resolved options, versions, seed, device, trace source and sha256
+    OUT/summary.csv, summary.json      one row per strategy
+    OUT/report.html                    the HTML report
+    OUT/<strategy>/requests.parquet    one row per request
+    OUT/<strategy>/tokens.jsonl        tokens and their times per request
+    OUT/<strategy>/iterations.parquet  one row per iteration
+    OUT/<strategy>/timeline.json       Chrome trace: host and device lanes
+
+The directory is assembled beside OUT and renamed into place at the end, so an existing OUT is never
+half-overwritten; every file inside is written atomically too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from tqdm import tqdm
+
+from harness.errors import UserError
+from harness.io import atomic_write_json, atomic_write_parquet, atomic_write_text
+from harness.metrics import engine_metrics, request_metrics
+from harness.options import RunOptions
+from harness.records import iterations_frame, requests_frame, tokens_jsonl
+from harness.runner import StrategyRun, build_requests, run_strategy
+from harness.timeline import chrome_trace
+from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
+from harness.traces.trace import TraceRequest
+from strategies.runtime.checkpoint import load_checkpoint
+from strategies.runtime.engine import script_model
+from strategies.runtime.model import PRESETS, build_model, resolve_model_config
+from strategies.runtime.request import SamplingParams
+
+EXIT_FAULT, EXIT_INTERRUPTED = 1, 130
+
+
+@dataclass
+class RunOutcome:
+    out: Path
+    summary: pd.DataFrame
+    exit_code: int
+    messages: list[str]
+
+
+def make_trace(opts: RunOptions) -> Trace:
+    if opts.trace == "synthetic":
+        trace = synthetic_trace(opts.num_prompts, opts.input_len, opts.output_len, request_rate=opts.request_rate,
+                                burstiness=opts.burstiness, length_dist=opts.length_dist,
+                                range_ratio=opts.range_ratio, seed=opts.seed)
+    else:
+        trace = load_trace(opts.trace, opts.trace_format)
+    fit = Fit(start_offset_s=opts.start_offset, limit=opts.limit, time_scale=opts.time_scale,
+              length_scale=opts.length_scale, max_input_len=opts.max_input_len, max_output_len=opts.max_output_len)
+    return fit_trace(trace, fit)
+
+
+def load_model(opts: RunOptions) -> tuple:
+    try:
+        cfg = resolve_model_config(opts.model).with_dtype(opts.dtype)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    device = "cpu" if opts.device == "cpu" else opts.device
+    try:
+        model = build_model(cfg, device) if opts.model in PRESETS else load_checkpoint(opts.model, cfg, device)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    return cfg, (script_model(model) if opts.compile else model)
+
+
+def _versions() -> dict:
+    import nvtx
+    import plotly
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
+            "pandas": pd.__version__, "plotly": plotly.__version__, "nvtx": getattr(nvtx, "__version__", "?"),
+            "slotbench": _slotbench_version(), "platform": platform.platform()}
+
+
+def _slotbench_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("slotbench")
+    except Exception:
+        return "source"
+
+
+def prepare_out(out: Path, force: bool) -> None:
+    if out.exists() and not force:
+        raise UserError(f"{out} exists; pass --force to overwrite it")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out} exists and is not a directory")
+
+
+def _swap_into_place(staging: Path, out: Path) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{time.time_ns()}")
+        out.rename(old)
+    staging.rename(out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: dict[str, list[float]],
+                opts: RunOptions) -> dict:
+    row = {"strategy": run.name, "status": "ok" if run.error is None else "stopped", "error": run.error or ""}
+    row.update(request_metrics(req_df, tokens, opts.percentiles, opts.goodput_slo))
+    row.update(engine_metrics(it_df, opts.max_batch_size))
+    row["wall_s"] = run.wall_s
+    return row
+
+
+def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool = True, report: bool = True,
+            fault: tuple[str, int] | None = None, log: Callable[[str], None] | None = None) -> RunOutcome:
+    """Run every strategy of ``opts`` and write the run directory. ``fault`` = (strategy, iteration)
+    injects an engine exception there (a test hook)."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    prepare_out(out, force)
+    trace = make_trace(opts)
+    for note in trace.notes:
+        log(f"note: {trace.source}: {note}")
+    if trace.skipped:
+        log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
+    model_cfg, model = load_model(opts)
+    executor = opts.executor_config()
+    defaults = SamplingParams(temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
+                              ignore_eos=opts.ignore_eos)
+    warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16))
+            for t in trace.requests[: opts.warmup]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging.chmod(0o755)
+    runs: list[StrategyRun] = []
+    rows: list[dict] = []
+    messages: list[str] = []
+    try:
+        for name in opts.strategies:
+            requests = build_requests(list(trace.requests), defaults, model_cfg.vocab_size, opts.seed)
+            bar = tqdm(total=len(requests), desc=f"{name:>8}", unit="req", file=sys.stderr, disable=not progress,
+                       mininterval=0.5, leave=True)
+            run = run_strategy(name, model_cfg, model, executor, requests, max_concurrency=opts.max_concurrency,
+                               warmup=build_requests(warm, defaults, model_cfg.vocab_size, opts.seed + 1, "warmup-"),
+                               on_end=lambda _r, bar=bar: bar.update(1),
+                               fault_at_iteration=fault[1] if fault and fault[0] == name else None,
+                               profile_iters=opts.profile_range())
+            bar.close()
+            runs.append(run)
+            rows.append(_write_strategy(staging, run, opts))
+            if run.error:
+                messages.append(f"{name}: stopped early: {run.error}")
+                log(f"error: {name}: {run.error}")
+            if run.interrupted:
+                break
+    finally:
+        # Whatever was measured is written, even when the loop above was cut short.
+        summary = pd.DataFrame(rows)
+        _write_run_files(staging, opts, trace, model_cfg, summary, runs)
+        if report and rows:
+            from reports.html import write_report
+
+            write_report([staging], staging / "report.html", names=[out.name])
+        _swap_into_place(staging, out)
+    code = EXIT_INTERRUPTED if any(r.interrupted for r in runs) else EXIT_FAULT if any(r.error for r in runs) else 0
+    return RunOutcome(out, summary, code, messages)
+
+
+def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
+    d = staging / run.name
+    req_df = requests_frame(run.requests)
+    it_df = iterations_frame(run.records)
+    tokens = {r.request_id: r.token_times_s for r in run.requests}
+    atomic_write_parquet(d / "requests.parquet", req_df)
+    atomic_write_parquet(d / "iterations.parquet", it_df)
+    atomic_write_text(d / "tokens.jsonl", tokens_jsonl(run.requests))
+    atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name))
+    return summary_row(run, req_df, it_df, tokens, opts)
+
+
+def _write_run_files(staging: Path, opts: RunOptions, trace: Trace, model_cfg, summary: pd.DataFrame,
+                     runs: list[StrategyRun]) -> None:
+    run_json = {
+        "options": dataclasses.asdict(opts),
+        "executor": opts.executor_config().to_dict(),
+        "model": model_cfg.to_dict(),
+        "versions": _versions(),
+        "seed": opts.seed,
+        "device": opts.device,
+        "host_time": "measured",  # real host code on the real clock (a simulated device would model it)
+        "trace": {"source": trace.source, "format": trace.format, "sha256": trace.sha256, "requests": len(trace),
+                  "skipped_failed_rows": trace.skipped, "notes": list(trace.notes)},
+        "strategies": [{"name": r.name, "wall_s": r.wall_s, "warmup_s": r.warmup_s, "error": r.error,
+                        "interrupted": r.interrupted} for r in runs],
+    }
+    atomic_write_json(staging / "run.json", run_json)
+    atomic_write_text(staging / "summary.csv", summary.to_csv(index=False))
+    atomic_write_json(staging / "summary.json", json.loads(summary.to_json(orient="records")))

@@ -1,0 +1,136 @@
+"""The ``slotbench`` command: run, suite, report, trace-info.
+
+Bad input prints one line and exits 2. A fault stops the run, writes what was measured and exits 1;
+Ctrl-C does the same with exit 130, and a second Ctrl-C exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from harness.errors import UserError
+from harness.options import add_run_arguments, options_from_args
+
+SUMMARY_COLUMNS = ["strategy", "completed", "rejected", "failed", "duration_s", "request_throughput",
+                   "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
+                   "mean_batch_size", "device_busy_fraction", "host_ms_per_iteration"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage + error)
+        print(f"slotbench: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="slotbench", description="Benchmark and profile LLM executor batching strategies.")
+    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="run strategies over a trace and write a run directory")
+    add_run_arguments(run)
+    run.add_argument("--out", default="runs/latest", help="run directory (default: runs/latest)")
+    run.add_argument("--force", action="store_true", help="overwrite an existing run directory")
+    run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    suite = sub.add_parser("suite", help="several runs from a TOML file, one combined output")
+    suite.add_argument("file", help="suite TOML file")
+    suite.add_argument("--out", default=None, help="output directory (default: runs/<suite name>)")
+    suite.add_argument("--force", action="store_true")
+    suite.add_argument("--no-progress", action="store_true")
+    rep = sub.add_parser("report", help="one HTML report from run or suite directories")
+    rep.add_argument("dirs", nargs="+", help="run or suite directories")
+    rep.add_argument("--out", default="report.html")
+    rep.add_argument("--baseline", default=None, help="strategy the ratios are taken against")
+    info = sub.add_parser("trace-info", help="rows, duration, rate, length percentiles, burstiness")
+    info.add_argument("path")
+    info.add_argument("--trace-format", default="auto")
+    return p
+
+
+def print_summary(summary: pd.DataFrame) -> None:
+    if summary.empty:
+        print("no strategy produced results")
+        return
+    cols = [c for c in SUMMARY_COLUMNS if c in summary.columns]
+    with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.3f}".format):
+        print(summary[cols].to_string(index=False))
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from harness.app import execute
+
+    opts = options_from_args(args)
+    outcome = execute(opts, Path(args.out), force=args.force, progress=not args.no_progress)
+    print_summary(outcome.summary)
+    print(f"wrote {outcome.out}/ (report: {outcome.out / 'report.html'})")
+    return outcome.exit_code
+
+
+def _cmd_suite(args: argparse.Namespace) -> int:
+    from harness.suite import run_suite
+
+    code, out, summary = run_suite(Path(args.file), Path(args.out) if args.out else None, force=args.force,
+                                   progress=not args.no_progress)
+    print_summary(summary)
+    print(f"wrote {out}/ (report: {out / 'report.html'})")
+    return code
+
+
+def _cmd_report(args: argparse.Namespace) -> int:
+    from reports.html import write_report
+
+    paths = [Path(d) for d in args.dirs]
+    for p in paths:
+        if not (p / "summary.csv").is_file() and not (p / "suite.json").is_file():
+            raise UserError(f"{p}: not a run or suite directory (no summary.csv or suite.json)")
+    out = write_report(paths, Path(args.out), baseline=args.baseline)
+    print(f"wrote {out}")
+    return 0
+
+
+def _cmd_trace_info(args: argparse.Namespace) -> int:
+    from harness.traces import load_trace, trace_info
+
+    print(json.dumps(trace_info(load_trace(args.path, args.trace_format)), indent=2))
+    return 0
+
+
+def _install_sigint() -> None:
+    state = {"hits": 0}
+
+    def handler(signum: int, frame: object) -> None:
+        state["hits"] += 1
+        if state["hits"] > 1:
+            os._exit(130)  # second Ctrl-C: leave now
+        print("\nslotbench: interrupted; writing what was measured (Ctrl-C again to quit at once)", file=sys.stderr)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv:
+        argv = ["run"]  # `slotbench` alone runs the default benchmark
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["run", *argv])
+    commands = {"run": _cmd_run, "suite": _cmd_suite, "report": _cmd_report, "trace-info": _cmd_trace_info}
+    _install_sigint()
+    try:
+        return commands[args.command](args)
+    except UserError as exc:
+        print(f"slotbench: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

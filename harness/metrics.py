@@ -1,0 +1,122 @@
+"""The field's serving metrics, with vLLM ``bench serve`` definitions and numpy defaults.
+
+TTFT = first_token_s − arrival_s; E2EL = finish_s − arrival_s; TPOT = (E2EL − TTFT) / (output − 1) for
+requests with more than one token (request-weighted); ITL = consecutive gaps of token times, pooled over
+requests (token-weighted). duration = last finish − first arrival. Throughputs count completed requests.
+Std is the population std; percentiles interpolate linearly. Request metrics need only
+``requests.parquet`` and ``tokens.jsonl``; engine metrics need only ``iterations.parquet``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import UserError
+
+GOODPUT_METRICS = ("ttft", "tpot", "e2el")
+
+
+def parse_percentiles(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise UserError(f"--metric-percentiles {text!r}: expected numbers like 90,99") from None
+    if not values or any(not 0 < p < 100 for p in values):
+        raise UserError(f"--metric-percentiles {text!r}: each must be in (0, 100)")
+    return values
+
+
+def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
+    """``["ttft:200", "tpot:50"]`` → {"ttft": 200.0, "tpot": 50.0} (milliseconds)."""
+    if not items:
+        return None
+    slo = {}
+    for item in items:
+        m = re.fullmatch(r"\s*(\w+)\s*:\s*([0-9.eE+-]+)\s*", item)
+        if not m or m.group(1) not in GOODPUT_METRICS:
+            raise UserError(f"--goodput {item!r}: expected METRIC:MS with METRIC in {', '.join(GOODPUT_METRICS)}")
+        try:
+            ms = float(m.group(2))
+        except ValueError:
+            raise UserError(f"--goodput {item!r}: {m.group(2)!r} is not a number") from None
+        if not ms > 0 or not math.isfinite(ms):
+            raise UserError(f"--goodput {item!r}: the limit must be a positive number of ms")
+        slo[m.group(1)] = ms
+    return slo
+
+
+def _pname(p: float) -> str:
+    return f"{p:g}".replace(".", "_")
+
+
+def _stats(name: str, values_ms: np.ndarray, percentiles: tuple[float, ...]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    empty = len(values_ms) == 0
+    out[f"mean_{name}_ms"] = float("nan") if empty else float(np.mean(values_ms))
+    out[f"median_{name}_ms"] = float("nan") if empty else float(np.median(values_ms))
+    out[f"std_{name}_ms"] = float("nan") if empty else float(np.std(values_ms))
+    for p in percentiles:
+        out[f"p{_pname(p)}_{name}_ms"] = float("nan") if empty else float(np.percentile(values_ms, p))
+    return out
+
+
+def request_metrics(requests: pd.DataFrame, token_times: dict[str, list[float]],
+                    percentiles: tuple[float, ...] = (90, 99), goodput: dict[str, float] | None = None) -> dict:
+    done = requests[requests["status"] == "finished"]
+    out: dict[str, float | int] = {
+        "completed": len(done),
+        "rejected": int((requests["status"] == "rejected").sum()),
+        "failed": int((requests["status"] == "failed").sum()),
+        "total_input_tokens": int(done["input_tokens"].sum()),
+        "total_output_tokens": int(done["output_tokens"].sum()),
+    }
+    duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else float("nan")
+    out["duration_s"] = duration
+    ok = duration > 0
+    out["request_throughput"] = len(done) / duration if ok else float("nan")
+    out["output_throughput"] = out["total_output_tokens"] / duration if ok else float("nan")
+    out["total_token_throughput"] = (out["total_input_tokens"] + out["total_output_tokens"]) / duration if ok \
+        else float("nan")
+    ttft = ((done["first_token_s"] - done["arrival_s"]) * 1e3).to_numpy()
+    e2el = ((done["finish_s"] - done["arrival_s"]) * 1e3).to_numpy()
+    n_out = done["output_tokens"].to_numpy()
+    multi = n_out > 1
+    tpot = (e2el[multi] - ttft[multi]) / (n_out[multi] - 1)
+    itl = [np.diff(np.asarray(token_times[rid])) * 1e3 for rid in done["request_id"] if len(token_times[rid]) > 1]
+    itl_all = np.concatenate(itl) if itl else np.array([])
+    for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl_all), ("e2el", e2el)):
+        out.update(_stats(name, values, percentiles))
+    if goodput:
+        tpot_all = np.zeros(len(done))  # single-token requests count as TPOT 0, as vLLM does
+        tpot_all[multi] = tpot
+        good = np.ones(len(done), dtype=bool)
+        for metric, limit in goodput.items():
+            good &= {"ttft": ttft, "tpot": tpot_all, "e2el": e2el}[metric] <= limit
+        out["request_goodput"] = int(good.sum()) / duration if ok else float("nan")
+    return out
+
+
+def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, float]:
+    it = iterations
+    if it.empty:
+        return {"iterations": 0}
+    rows = it["num_context_requests"] + it["num_generation_requests"]
+    host = ((it["schedule_end_s"] - it["schedule_start_s"]) + (it["prepare_end_s"] - it["prepare_start_s"])
+            + (it["postprocess_end_s"] - it["postprocess_start_s"]))
+    busy = (it["sample_end_s"] - it["forward_start_s"]).sum()
+    span = it["sample_end_s"].max() - it["forward_start_s"].min()
+    tokens = it["num_tokens"].sum()
+    return {
+        "iterations": len(it),
+        "mean_batch_size": float(rows.mean()),
+        "slot_occupancy": float(it["active_slots"].mean() / max_batch_size),
+        "padding_fraction": float(it["num_padding_tokens"].sum() / tokens) if tokens else 0.0,
+        "device_busy_fraction": float(busy / span) if span > 0 else float("nan"),
+        "host_ms_per_iteration": float(host.mean() * 1e3),
+        "device_ms_per_iteration": float((it["sample_end_s"] - it["forward_start_s"]).mean() * 1e3),
+        "preemptions": int(it["preemptions"].sum()),
+    }

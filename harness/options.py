@@ -1,0 +1,171 @@
+"""The options of one benchmark run, shared by ``slotbench run`` flags and suite TOML keys.
+
+Each option is declared once (name, type, default, help); argparse flags and the keys a suite file may
+use are both derived from this table, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from harness.errors import UserError
+from harness.metrics import parse_goodput, parse_percentiles
+from harness.traces import FORMATS, LENGTH_DISTS
+from strategies.config import CAPACITY_POLICIES, ExecutorConfig
+
+
+def _opt(default: Any, help: str, **argparse_kw: Any) -> Any:
+    return field(default=default, metadata={"help": help, **argparse_kw})
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    strategies: tuple[str, ...] = _opt(("static", "inflight", "overlap"), "comma-separated strategies")
+    model: str = _opt("tiny", "preset (tiny, small) or a Hugging Face checkpoint directory")
+    dtype: str = _opt("float32", "model dtype", choices=("float32", "float64", "bfloat16", "float16"))
+    device: str = _opt("cpu", "cpu or cuda[:N]")
+    trace: str = _opt("synthetic", "'synthetic' or a trace file path")
+    trace_format: str = _opt("auto", "replay format", choices=("auto", *FORMATS))
+    num_prompts: int = _opt(200, "synthetic: number of requests")
+    request_rate: float = _opt(math.inf, "synthetic: requests/s (inf: all at t=0)")
+    burstiness: float = _opt(1.0, "synthetic: gamma shape of inter-arrivals (1.0 = Poisson)")
+    max_concurrency: int | None = _opt(None, "at most this many requests in flight (closed loop with rate inf)")
+    input_len: int = _opt(128, "synthetic: mean input length")
+    output_len: int = _opt(64, "synthetic: mean output length")
+    range_ratio: float = _opt(0.0, "synthetic: spread of lengths (uniform: [L(1-r), L(1+r)])")
+    length_dist: str = _opt("uniform", "synthetic: length distribution", choices=LENGTH_DISTS)
+    time_scale: float = _opt(1.0, "replay: multiply inter-arrival times")
+    length_scale: float = _opt(1.0, "replay: multiply lengths")
+    max_input_len: int | None = _opt(None, "clip input lengths")
+    max_output_len: int | None = _opt(None, "clip output lengths")
+    limit: int | None = _opt(None, "replay: first N requests")
+    start_offset: float = _opt(0.0, "replay: skip requests before this many seconds")
+    max_batch_size: int = _opt(32, "requests per iteration (and slots)")
+    max_num_tokens: int = _opt(1024, "tokens per iteration (in-flight strategies)")
+    max_seq_len: int = _opt(512, "prompt + output per request")
+    capacity_policy: str = _opt("guaranteed-no-evict", "KV admission policy", choices=CAPACITY_POLICIES)
+    chunked_prefill: bool = _opt(False, "split long prompts across iterations")
+    kv_blocks: int | None = _opt(None, "KV cache blocks (default: every slot at max-seq-len)")
+    tokens_per_block: int = _opt(16, "tokens per KV block")
+    temperature: float = _opt(0.0, "sampling temperature (0: greedy)")
+    top_k: int = _opt(0, "top-k (0: off)")
+    top_p: float = _opt(1.0, "top-p (1: off)")
+    min_p: float = _opt(0.0, "min-p (0: off)")
+    seed: int = _opt(0, "seed for the trace, prompts and sampling")
+    ignore_eos: bool = _opt(False, "generate exactly the trace's output lengths")
+    metric_percentiles: str = _opt("90,99", "percentiles reported for each latency metric")
+    goodput: tuple[str, ...] | None = _opt(None, "SLOs as METRIC:MS (ttft, tpot, e2el)", nargs="+")
+    warmup: int = _opt(8, "warm-up requests per strategy (not measured)")
+    device_threads: int = _opt(1, "CPU: torch threads of the device worker")
+    compile: bool = _opt(True, "run the forward as one TorchScript call")
+    instrument: bool = _opt(True, "emit NVTX ranges")
+    profile_iters: str | None = _opt(None, "CUDA: iterations A-B bracketed by cudaProfilerStart/Stop")
+
+    def __post_init__(self) -> None:
+        if not self.strategies:
+            raise UserError("--strategies: give at least one strategy")
+        from strategies.base import strategy_names
+
+        unknown = [s for s in self.strategies if s not in strategy_names()]
+        if unknown:
+            raise UserError(f"unknown strategy {unknown[0]!r}; valid: {', '.join(strategy_names())}")
+        for name in ("num_prompts", "input_len", "output_len"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise UserError("--warmup must be >= 0")
+        if self.max_concurrency is not None and self.max_concurrency <= 0:
+            raise UserError(f"--max-concurrency must be positive, got {self.max_concurrency}")
+        parse_percentiles(self.metric_percentiles)
+        parse_goodput(list(self.goodput) if self.goodput else None)
+        if self.profile_iters is not None:
+            self.profile_range()
+        self.executor_config()  # validates the executor limits
+
+    @property
+    def percentiles(self) -> tuple[float, ...]:
+        return parse_percentiles(self.metric_percentiles)
+
+    @property
+    def goodput_slo(self) -> dict[str, float] | None:
+        return parse_goodput(list(self.goodput) if self.goodput else None)
+
+    def profile_range(self) -> tuple[int, int] | None:
+        if self.profile_iters is None:
+            return None
+        try:
+            a, b = (int(x) for x in self.profile_iters.split("-"))
+        except ValueError:
+            raise UserError(f"--profile-iters {self.profile_iters!r}: expected A-B, e.g. 10-20") from None
+        if not 0 <= a <= b:
+            raise UserError(f"--profile-iters {self.profile_iters!r}: need 0 <= A <= B")
+        return a, b
+
+    def executor_config(self) -> ExecutorConfig:
+        try:
+            return ExecutorConfig(
+                max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=self.max_seq_len,
+                capacity_policy=self.capacity_policy, chunked_prefill=self.chunked_prefill,
+                tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, device=self.device,
+                device_threads=self.device_threads, compile=self.compile, instrument=self.instrument)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any], where: str) -> RunOptions:
+        """From a suite table: unknown keys are named; lists and strings both work for strategies."""
+        known = set(cls.option_names())
+        for key in values:
+            if key not in known:
+                raise UserError(f"{where}: unknown key {key!r}")
+        values = dict(values)
+        if isinstance(values.get("strategies"), str):
+            values["strategies"] = tuple(s.strip() for s in values["strategies"].split(",") if s.strip())
+        elif "strategies" in values:
+            values["strategies"] = tuple(values["strategies"])
+        if "request_rate" in values:
+            values["request_rate"] = float(values["request_rate"])
+        if isinstance(values.get("goodput"), str):
+            values["goodput"] = tuple(values["goodput"].split())
+        types = {f.name: f.type for f in fields(cls)}
+        for key, value in values.items():
+            t = str(types[key])
+            if t.startswith("int") and not (isinstance(value, int) and not isinstance(value, bool)):
+                raise UserError(f"{where}: {key} must be an integer, got {value!r}")
+            if t == "bool" and not isinstance(value, bool):
+                raise UserError(f"{where}: {key} must be true or false, got {value!r}")
+        try:
+            return cls(**values)
+        except TypeError as exc:
+            raise UserError(f"{where}: {exc}") from None
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in fields(RunOptions):
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        help_ = meta.pop("help")
+        if f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=f"{help_} (default: {f.default})")
+        elif f.name == "strategies":
+            parser.add_argument(flag, default=",".join(f.default), help=help_)
+        else:
+            kind = str(f.type)
+            conv = float if kind.startswith("float") else int if kind.startswith("int") else str
+            parser.add_argument(flag, type=conv, default=f.default, help=f"{help_} (default: {f.default})", **meta)
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    values = {k: getattr(args, k) for k in RunOptions.option_names()}
+    values["strategies"] = tuple(s.strip() for s in values["strategies"].split(",") if s.strip())
+    if values["goodput"] is not None:
+        values["goodput"] = tuple(values["goodput"])
+    return RunOptions(**values)

@@ -1,0 +1,58 @@
+"""Per-request and per-iteration records as DataFrames, and the token stream as JSON lines.
+
+``requests.parquet`` columns (one row per request; times are run-clock seconds):
+  request_id, arrival_s, input_tokens, output_tokens, status (finished | rejected | failed),
+  finish_reason, first_token_s, finish_s, slot (the last slot it held), preemptions,
+  ttft_ms, tpot_ms, e2el_ms (derived, NaN where undefined).
+``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
+``tokens.jsonl``: {"request_id", "tokens": [int], "times_s": [float]} per request.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from strategies.runtime.iteration import ITERATION_COLUMNS, IterationRecord
+from strategies.runtime.request import Request
+
+REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
+                   "first_token_s", "finish_s", "slot", "preemptions", "ttft_ms", "tpot_ms", "e2el_ms"]
+
+
+def requests_frame(requests: list[Request]) -> pd.DataFrame:
+    nan = np.nan
+    rows = []
+    for r in requests:
+        first = r.first_token_s if r.first_token_s is not None else nan
+        finish = r.finish_s if r.finish_s is not None else nan
+        ttft = (first - r.arrival_s) * 1e3
+        e2el = (finish - r.arrival_s) * 1e3
+        tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else nan
+        rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
+                     r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
+                     r.preemptions, ttft, tpot, e2el))
+    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
+    return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
+                      "request_id": "string", "status": "string", "finish_reason": "string"})
+
+
+def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
+    return pd.DataFrame([r.to_dict() for r in records], columns=ITERATION_COLUMNS)
+
+
+def tokens_jsonl(requests: list[Request]) -> str:
+    return "".join(json.dumps({"request_id": r.request_id, "tokens": r.output_token_ids,
+                               "times_s": r.token_times_s}) + "\n" for r in requests)
+
+
+def read_tokens(text: str) -> dict[str, list[float]]:
+    """request_id → token times, from tokens.jsonl."""
+    out = {}
+    for line in text.splitlines():
+        if line.strip():
+            obj = json.loads(line)
+            out[obj["request_id"]] = obj["times_s"]
+    return out

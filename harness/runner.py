@@ -1,0 +1,109 @@
+"""Run one strategy over a trace: build the requests, warm up, replay, and keep what happened.
+
+A fault or an interrupt never loses what was measured: the run stops, requests that had not ended are
+marked ``failed`` with the reason, and the caller writes everything recorded up to that point.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from harness.source import TraceSource
+from harness.traces.trace import TraceRequest
+from strategies.base import get_strategy
+from strategies.config import ExecutorConfig
+from strategies.runtime.clock import Clock
+from strategies.runtime.iteration import IterationRecord
+from strategies.runtime.model import ModelConfig
+from strategies.runtime.request import Request, SamplingParams, Status
+
+
+@dataclass
+class StrategyRun:
+    name: str
+    requests: list[Request]
+    records: list[IterationRecord]
+    wall_s: float
+    error: str | None = None  # why the run stopped early, if it did
+    interrupted: bool = False  # stopped by SIGINT
+    warmup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_size: int, seed: int,
+                   prefix: str = "") -> list[Request]:
+    """Requests for a trace; random prompt ids are drawn from ``seed`` so every strategy sees the same."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i, t in enumerate(trace):
+        prompt = (np.asarray(t.prompt_token_ids, dtype=np.int64) if t.prompt_token_ids is not None
+                  else rng.integers(0, vocab_size, size=t.input_tokens, dtype=np.int64))
+        sampling = defaults
+        if t.sampling:
+            overrides = dict(t.sampling)
+            if "stop_token_ids" in overrides:
+                overrides["stop_token_ids"] = tuple(overrides["stop_token_ids"])
+            sampling = SamplingParams(**{**defaults.__dict__, **overrides})
+        if "seed" not in (t.sampling or {}):
+            # A distinct stream per request, derived from the run seed: reproducible, strategy-independent.
+            sampling = SamplingParams(**{**sampling.__dict__, "seed": (seed * 1_000_003 + i) % 2**32})
+        out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s))
+    return out
+
+
+def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+                 requests: list[Request], *, max_concurrency: int | None = None,
+                 warmup: list[Request] | None = None,
+                 on_end: Callable[[Request], None] | None = None,
+                 fault_at_iteration: int | None = None,
+                 profile_iters: tuple[int, int] | None = None) -> StrategyRun:
+    cls = get_strategy(name)
+    warmup_s = 0.0
+    if warmup:
+        t = time.perf_counter()
+        w = cls(model_cfg, model, config)
+        try:
+            w.run(TraceSource(warmup))
+        finally:
+            w.close()
+        warmup_s = time.perf_counter() - t
+    clock = Clock()
+    strategy = cls(model_cfg, model, config, clock)
+    strategy.engine.fault_at_iteration = fault_at_iteration
+    if profile_iters is not None and config.device.startswith("cuda"):
+        strategy.iteration_hook = _cuda_profiler_range(*profile_iters)
+    source = TraceSource(requests, max_concurrency, on_end)
+    error, interrupted = None, False
+    clock.reset()
+    try:
+        strategy.run(source)
+    except KeyboardInterrupt:
+        error, interrupted = "interrupted (SIGINT)", True
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    finally:
+        wall = clock.now()
+        strategy.close()
+    if error is not None:
+        for r in requests:
+            if not r.status.terminal:
+                r.end(Status.FAILED, error)
+                r.slot = None
+    return StrategyRun(name, requests, strategy.records, wall, error, interrupted, warmup_s)
+
+
+def _cuda_profiler_range(first: int, last: int) -> Callable[[int], None]:
+    """Brackets iterations first..last with cudaProfilerStart/Stop (nsys --capture-range=cudaProfilerApi)."""
+
+    def hook(iteration: int) -> None:
+        if iteration == first:
+            torch.cuda.profiler.start()
+        elif iteration == last + 1:
+            torch.cuda.profiler.stop()
+
+    return hook

@@ -1,0 +1,35 @@
+"""Iteration records as a Chrome Trace Event Format file (Perfetto, chrome://tracing).
+
+One process per strategy with two lanes: ``host`` (schedule, prepare, postprocess) and ``device``
+(forward, sample), one complete ("X") slice per phase, tagged with its iteration. Under overlap the
+host slices of step n+1 sit inside the device slices of step n; without it they alternate.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+HOST_PHASES = ("schedule", "prepare", "postprocess")
+DEVICE_PHASES = ("forward", "sample")
+HOST_TID, DEVICE_TID = 1, 2
+
+
+def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"slotbench {strategy}"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": HOST_TID, "args": {"name": "host"}},
+        {"name": "thread_name", "ph": "M", "pid": pid, "tid": DEVICE_TID, "args": {"name": "device"}},
+    ]
+    for rec in iterations.itertuples(index=False):
+        for phases, tid in ((HOST_PHASES, HOST_TID), (DEVICE_PHASES, DEVICE_TID)):
+            for phase in phases:
+                start, end = getattr(rec, f"{phase}_start_s"), getattr(rec, f"{phase}_end_s")
+                if math.isnan(start) or math.isnan(end):
+                    continue
+                events.append({"name": phase, "cat": "host" if tid == HOST_TID else "device", "ph": "X",
+                               "ts": round(start * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3),
+                               "pid": pid, "tid": tid,
+                               "args": {"iteration": int(rec.iteration), "tokens": int(rec.num_tokens)}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

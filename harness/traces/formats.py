@@ -1,0 +1,211 @@
+"""Replay loaders, each for a published format, with auto-detection and line-precise errors.
+
+- azure: Azure LLM inference 2023 CSV ``TIMESTAMP,ContextTokens,GeneratedTokens`` (wall-clock text with
+  7 fractional digits).
+- burstgpt: BurstGPT CSV, both layouts (``Timestamp,Model,Request tokens,Response tokens,...`` and the
+  later one with ``Session ID`` and ``Elapsed time``); rows with zero response tokens are failed
+  requests: skipped and counted.
+- mooncake: Mooncake JSONL ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``.
+- slotbench: JSONL ``{"arrival_s", "input_tokens" | "prompt_token_ids", "output_tokens"}`` with optional
+  ``request_id`` and sampling parameters.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+
+from harness.errors import TraceError
+from harness.traces.trace import Trace, TraceRequest
+
+FORMATS = ("azure", "burstgpt", "mooncake", "slotbench")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stop_token_ids")
+
+
+def load_trace(path: str, fmt: str = "auto") -> Trace:
+    p = Path(path)
+    if not p.exists():
+        raise TraceError(path, None, "no such file")
+    if p.is_dir():
+        raise TraceError(path, None, "is a directory, not a trace file")
+    if fmt != "auto" and fmt not in FORMATS:
+        raise TraceError(path, None, f"unknown trace format {fmt!r}; valid: auto, {', '.join(FORMATS)}")
+    data = p.read_bytes()
+    if not data.strip():
+        raise TraceError(path, None, "empty file")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise TraceError(path, None, f"not UTF-8 text ({exc.reason})") from None
+    if fmt == "auto":
+        fmt = detect_format(path, text)
+    rows, skipped = _LOADERS[fmt](path, text)
+    if not rows:
+        raise TraceError(path, None, "no requests in the file")
+    notes: list[str] = []
+    arrivals = np.array([r.arrival_s for r in rows])
+    if np.any(np.diff(arrivals) < 0):
+        order = np.argsort(arrivals, kind="stable")
+        rows = [rows[i] for i in order]
+        notes.append("timestamps were not sorted; requests were sorted by arrival")
+    t0 = rows[0].arrival_s
+    rows = [_shift(r, t0) for r in rows]
+    return Trace(tuple(rows), source=str(path), format=fmt, sha256=hashlib.sha256(data).hexdigest(),
+                 skipped=skipped, notes=tuple(notes))
+
+
+def detect_format(path: str, text: str) -> str:
+    first = text.lstrip().split("\n", 1)[0].strip()
+    if first.startswith("{"):
+        try:
+            keys = set(json.loads(first))
+        except json.JSONDecodeError:
+            raise TraceError(path, 1, "first line is not valid JSON; cannot detect the format") from None
+        if {"input_length", "output_length"} <= keys:
+            return "mooncake"
+        if "arrival_s" in keys:
+            return "slotbench"
+    else:
+        header = {h.strip() for h in first.split(",")}
+        if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:
+            return "azure"
+        if {"Timestamp", "Request tokens", "Response tokens"} <= header:
+            return "burstgpt"
+    raise TraceError(path, 1, f"cannot detect the trace format from {first[:80]!r}; "
+                              f"pass --trace-format ({', '.join(FORMATS)})")
+
+
+def _shift(r: TraceRequest, t0: float) -> TraceRequest:
+    return TraceRequest(r.arrival_s - t0, r.input_tokens, r.output_tokens, r.request_id, r.prompt_token_ids,
+                        r.sampling)
+
+
+def _number(path: str, line: int, column: str, value: object, integer: bool) -> float:
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise TraceError(path, line, f"{column}: {value!r} is not a number") from None
+    if not math.isfinite(x):
+        raise TraceError(path, line, f"{column}: {value!r} is not finite")
+    if integer and x != int(x):
+        raise TraceError(path, line, f"{column}: {value!r} is not an integer")
+    return x
+
+
+def _length(path: str, line: int, column: str, value: object, allow_zero: bool = False) -> int:
+    n = int(_number(path, line, column, value, integer=True))
+    if n < 0 or (n == 0 and not allow_zero):
+        raise TraceError(path, line, f"{column}: {n} is not a positive token count")
+    return n
+
+
+def _csv_rows(path: str, text: str, required: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
+    reader = csv.DictReader(text.splitlines())
+    header = [h.strip() for h in (reader.fieldnames or [])]
+    reader.fieldnames = header
+    missing = [c for c in required if c not in header]
+    if missing:
+        raise TraceError(path, 1, f"missing column(s) {', '.join(missing)}; header is {','.join(header)}")
+    for i, row in enumerate(reader, start=2):
+        if None in row.values() or None in row:
+            raise TraceError(path, i, f"expected {len(header)} fields (truncated or malformed row)")
+        yield i, row
+
+
+def _azure_time(path: str, line: int, value: str) -> float:
+    try:
+        ts = np.datetime64(value.strip().replace(" ", "T"), "ns")
+    except ValueError:
+        raise TraceError(path, line, f"TIMESTAMP: {value!r} is not a timestamp") from None
+    if np.isnat(ts):
+        raise TraceError(path, line, f"TIMESTAMP: {value!r} is not a timestamp")
+    return ts.astype(np.int64) / 1e9
+
+
+def _load_azure(path: str, text: str) -> tuple[list[TraceRequest], int]:
+    rows = [TraceRequest(_azure_time(path, i, row["TIMESTAMP"]),
+                         _length(path, i, "ContextTokens", row["ContextTokens"]),
+                         _length(path, i, "GeneratedTokens", row["GeneratedTokens"]))
+            for i, row in _csv_rows(path, text, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"))]
+    return rows, 0
+
+
+def _load_burstgpt(path: str, text: str) -> tuple[list[TraceRequest], int]:
+    rows, skipped = [], 0
+    for i, row in _csv_rows(path, text, ("Timestamp", "Request tokens", "Response tokens")):
+        t = _number(path, i, "Timestamp", row["Timestamp"], integer=False)
+        out = _length(path, i, "Response tokens", row["Response tokens"], allow_zero=True)
+        if out == 0:  # BurstGPT marks failed requests with zero response tokens
+            skipped += 1
+            continue
+        rows.append(TraceRequest(t, _length(path, i, "Request tokens", row["Request tokens"]), out))
+    return rows, skipped
+
+
+def _json_lines(path: str, text: str) -> Iterator[tuple[int, dict]]:
+    lines = text.split("\n")
+    last = max(i for i, s in enumerate(lines) if s.strip())
+    for i, s in enumerate(lines, start=1):
+        if not s.strip():
+            continue
+        try:
+            obj = json.loads(s)
+        except json.JSONDecodeError as exc:
+            what = "truncated last line" if i - 1 == last else f"invalid JSON ({exc.msg})"
+            raise TraceError(path, i, what) from None
+        if not isinstance(obj, dict):
+            raise TraceError(path, i, "expected a JSON object")
+        yield i, obj
+
+
+def _require(path: str, line: int, obj: dict, *keys: str) -> None:
+    missing = [k for k in keys if k not in obj]
+    if missing:
+        raise TraceError(path, line, f"missing key(s) {', '.join(missing)}")
+
+
+def _load_mooncake(path: str, text: str) -> tuple[list[TraceRequest], int]:
+    rows = []
+    for i, obj in _json_lines(path, text):
+        _require(path, i, obj, "timestamp", "input_length", "output_length")
+        rows.append(TraceRequest(_number(path, i, "timestamp", obj["timestamp"], integer=False) / 1e3,
+                                 _length(path, i, "input_length", obj["input_length"]),
+                                 _length(path, i, "output_length", obj["output_length"])))
+    return rows, 0
+
+
+def _load_slotbench(path: str, text: str) -> tuple[list[TraceRequest], int]:
+    rows = []
+    for i, obj in _json_lines(path, text):
+        _require(path, i, obj, "arrival_s", "output_tokens")
+        prompt = obj.get("prompt_token_ids")
+        if prompt is not None:
+            if not isinstance(prompt, list) or not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
+                raise TraceError(path, i, "prompt_token_ids: expected a non-empty list of non-negative integers")
+            n_in = len(prompt)
+        elif "input_tokens" in obj:
+            n_in = _length(path, i, "input_tokens", obj["input_tokens"])
+        else:
+            raise TraceError(path, i, "missing key input_tokens or prompt_token_ids")
+        unknown = set(obj) - {"arrival_s", "input_tokens", "prompt_token_ids", "output_tokens", "request_id",
+                              *SAMPLING_KEYS}
+        if unknown:
+            raise TraceError(path, i, f"unknown key(s) {', '.join(sorted(unknown))}")
+        sampling = {k: obj[k] for k in SAMPLING_KEYS if k in obj} or None
+        rid = obj.get("request_id")
+        rows.append(TraceRequest(_number(path, i, "arrival_s", obj["arrival_s"], integer=False), n_in,
+                                 _length(path, i, "output_tokens", obj["output_tokens"]),
+                                 str(rid) if rid is not None else None,
+                                 tuple(prompt) if prompt is not None else None, sampling))
+    return rows, 0
+
+
+_LOADERS: dict[str, Callable[[str, str], tuple[list[TraceRequest], int]]] = {
+    "azure": _load_azure, "burstgpt": _load_burstgpt, "mooncake": _load_mooncake, "slotbench": _load_slotbench,
+}

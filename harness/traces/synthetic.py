@@ -1,0 +1,64 @@
+"""Synthetic traces: seeded arrivals and lengths, as vLLM's random dataset and request-rate options.
+
+Arrivals: ``request_rate`` requests/s with gamma inter-arrival times of shape ``burstiness`` (1.0 is
+Poisson; smaller is burstier), or all at t=0 when the rate is infinite. Lengths around a mean L:
+fixed; uniform in [L(1-r), L(1+r)] (vLLM's range ratio r); normal with std rL; lognormal with
+sigma r; zipf with exponent ``zipf_a`` scaled so the median is about L. Prompts are random ids.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from harness.errors import UserError
+from harness.traces.trace import Trace, TraceRequest
+
+LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "zipf")
+
+
+def arrival_times(n: int, request_rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    if not request_rate > 0:
+        raise UserError(f"--request-rate must be positive (or inf), got {request_rate}")
+    if not burstiness > 0:
+        raise UserError(f"--burstiness must be positive, got {burstiness}")
+    if math.isinf(request_rate):
+        return np.zeros(n)
+    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    gaps[0] = 0.0
+    return np.cumsum(gaps)
+
+
+def lengths(n: int, mean: int, dist: str, ratio: float, rng: np.random.Generator, zipf_a: float = 2.0) -> np.ndarray:
+    if mean <= 0:
+        raise UserError(f"lengths must be positive, got {mean}")
+    if dist not in LENGTH_DISTS:
+        raise UserError(f"unknown length distribution {dist!r}; valid: {', '.join(LENGTH_DISTS)}")
+    if not 0 <= ratio < 1 and dist in ("uniform", "normal"):
+        raise UserError(f"--range-ratio must be in [0, 1), got {ratio}")
+    if dist == "fixed" or (ratio == 0 and dist != "zipf"):
+        x = np.full(n, float(mean))
+    elif dist == "uniform":
+        lo, hi = math.floor(mean * (1 - ratio)), math.ceil(mean * (1 + ratio))
+        x = rng.integers(max(lo, 1), hi + 1, size=n).astype(float)
+    elif dist == "normal":
+        x = rng.normal(mean, ratio * mean, size=n)
+    elif dist == "lognormal":
+        x = mean * rng.lognormal(0.0, ratio, size=n)
+    else:
+        x = mean * rng.zipf(zipf_a, size=n)  # the median of Zipf(a >= 2) is 1: median length ~ mean
+    return np.maximum(np.rint(x), 1).astype(np.int64)
+
+
+def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, request_rate: float = math.inf,
+                    burstiness: float = 1.0, length_dist: str = "uniform", range_ratio: float = 0.0,
+                    seed: int = 0) -> Trace:
+    if num_prompts <= 0:
+        raise UserError(f"--num-prompts must be positive, got {num_prompts}")
+    rng = np.random.default_rng(seed)
+    t = arrival_times(num_prompts, request_rate, burstiness, rng)
+    n_in = lengths(num_prompts, input_len, length_dist, range_ratio, rng)
+    n_out = lengths(num_prompts, output_len, length_dist, range_ratio, rng)
+    reqs = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(t, n_in, n_out, strict=True)]
+    return Trace(tuple(reqs), source="synthetic", format="synthetic")

@@ -1,0 +1,39 @@
+"""A request trace: what arrives when, with how many tokens in and out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class TraceRequest:
+    arrival_s: float  # seconds since the trace start
+    input_tokens: int
+    output_tokens: int
+    request_id: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None  # None: random ids are drawn (seeded)
+    sampling: dict | None = None  # per-request sampling overrides (slotbench JSONL)
+
+
+@dataclass(frozen=True)
+class Trace:
+    requests: tuple[TraceRequest, ...]
+    source: str  # "synthetic" or the file path
+    format: str
+    sha256: str | None = None
+    skipped: int = 0  # rows the format defines as failed requests (BurstGPT: zero response tokens)
+    notes: tuple[str, ...] = field(default=())  # things the loader fixed and says once (e.g. "sorted")
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+    def with_requests(self, requests: list[TraceRequest], note: str | None = None) -> Trace:
+        return replace(self, requests=tuple(requests), notes=self.notes + ((note,) if note else ()))
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        arr = np.array([r.arrival_s for r in self.requests], dtype=np.float64)
+        inp = np.array([r.input_tokens for r in self.requests], dtype=np.int64)
+        out = np.array([r.output_tokens for r in self.requests], dtype=np.int64)
+        return arr, inp, out

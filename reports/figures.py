@@ -1,0 +1,167 @@
+"""Plotly figures from run data. Every series is aggregated to a bounded number of points, so the
+report's size does not grow with the number of requests or tokens."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from reports.load import RunData
+
+CDF_POINTS = 200
+TIME_BINS = 100
+GANTT_ITERATIONS = 24
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+
+
+def _label(run: RunData, strategy: str, multi: bool) -> str:
+    return f"{run.name} / {strategy}" if multi else strategy
+
+
+def _colors(runs: list[RunData]) -> dict[tuple[str, str], str]:
+    keys = [(r.name, s) for r in runs for s in r.summary["strategy"]]
+    return {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(keys)}
+
+
+def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    values = values[np.isfinite(values)]
+    if len(values) == 0:
+        return np.array([]), np.array([])
+    q = np.linspace(0, 1, min(CDF_POINTS, len(values)))
+    return np.quantile(values, q), q
+
+
+def latency_cdfs(runs: list[RunData]) -> go.Figure:
+    metrics = [("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", None), ("E2EL", "e2el_ms")]
+    fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{m} CDF (ms)" for m, _ in metrics])
+    colors, multi = _colors(runs), len(runs) > 1
+    for run in runs:
+        for strategy, req in run.requests.items():
+            done = req[req["status"] == "finished"]
+            for i, (_, col) in enumerate(metrics):
+                values = run.itl_ms.get(strategy, np.array([])) if col is None else done[col].to_numpy(float)
+                x, y = _cdf(values)
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
+                                         legendgroup=f"{run.name}/{strategy}", showlegend=i == 0,
+                                         line={"color": colors[(run.name, strategy)]}),
+                              row=i // 2 + 1, col=i % 2 + 1)
+    fig.update_layout(title="Latency distributions", height=650)
+    return fig
+
+
+def _binned(t: np.ndarray, values: np.ndarray, t_max: float, how: str) -> tuple[np.ndarray, np.ndarray]:
+    edges = np.linspace(0.0, max(t_max, 1e-9), TIME_BINS + 1)
+    idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, TIME_BINS - 1)
+    centers = (edges[:-1] + edges[1:]) / 2
+    if how == "rate":
+        return centers, np.bincount(idx, minlength=TIME_BINS) / (edges[1] - edges[0])
+    sums = np.bincount(idx, weights=values, minlength=TIME_BINS)
+    counts = np.bincount(idx, minlength=TIME_BINS)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = sums / counts
+    keep = counts > 0
+    return centers[keep], mean[keep]
+
+
+def over_time(runs: list[RunData]) -> go.Figure:
+    panels = [("Output throughput (tokens/s)", None), ("Batch size (requests per iteration)", "batch"),
+              ("Active slots", "active_slots"), ("Waiting requests", "waiting_requests"),
+              ("KV blocks in use", "kv_blocks_used")]
+    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p for p, _ in panels],
+                        vertical_spacing=0.05)
+    colors, multi = _colors(runs), len(runs) > 1
+    for run in runs:
+        for strategy, it in run.iterations.items():
+            if it.empty:
+                continue
+            t = it["forward_start_s"].to_numpy(float)
+            t_max = float(np.nanmax(it["sample_end_s"].to_numpy(float)))
+            tok = run.token_times.get(strategy, np.array([]))
+            series = {"batch": (it["num_context_requests"] + it["num_generation_requests"]).to_numpy(float)}
+            for i, (_, col) in enumerate(panels):
+                if col is None:
+                    x, y = _binned(tok, tok, t_max, "rate")
+                else:
+                    x, y = _binned(t, series[col] if col in series else it[col].to_numpy(float), t_max, "mean")
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
+                                         legendgroup=f"{run.name}/{strategy}", showlegend=i == 0,
+                                         line={"color": colors[(run.name, strategy)]}), row=i + 1, col=1)
+    fig.update_xaxes(title_text="run time (s)", row=len(panels), col=1)
+    fig.update_layout(title="Over time", height=220 * len(panels))
+    return fig
+
+
+def padding(runs: list[RunData]) -> go.Figure:
+    labels, values = [], []
+    for run in runs:
+        for _, row in run.summary.iterrows():
+            labels.append(_label(run, row["strategy"], len(runs) > 1))
+            values.append(row.get("padding_fraction", np.nan))
+    fig = go.Figure(go.Bar(x=labels, y=values, marker_color="#7f7f7f"))
+    fig.update_layout(title="Padding fraction (tokens computed for nothing)", yaxis={"range": [0, 1]}, height=350)
+    return fig
+
+
+def iteration_gantt(run: RunData) -> go.Figure:
+    """Host and device phases of a window of iterations from the middle of each strategy's run."""
+    strategies = [s for s, it in run.iterations.items() if not it.empty]
+    fig = make_subplots(rows=max(len(strategies), 1), cols=1, subplot_titles=strategies or ["(no iterations)"],
+                        vertical_spacing=0.12)
+    phase_colors = {"schedule": "#ff7f0e", "prepare": "#bcbd22", "postprocess": "#9467bd",
+                    "forward": "#1f77b4", "sample": "#17becf"}
+    for row, strategy in enumerate(strategies, start=1):
+        it = run.iterations[strategy]
+        mid = max(0, len(it) // 2 - GANTT_ITERATIONS // 2)
+        window = it.iloc[mid: mid + GANTT_ITERATIONS]
+        t0 = float(window["schedule_start_s"].min())
+        for phase, color in phase_colors.items():
+            lane = "device" if phase in ("forward", "sample") else "host"
+            start = (window[f"{phase}_start_s"] - t0) * 1e3
+            dur = (window[f"{phase}_end_s"] - window[f"{phase}_start_s"]) * 1e3
+            ok = start.notna() & dur.notna()
+            fig.add_trace(go.Bar(y=[lane] * int(ok.sum()), x=dur[ok], base=start[ok], orientation="h", name=phase,
+                                 marker_color=color, legendgroup=phase, showlegend=row == 1,
+                                 customdata=window["iteration"][ok],
+                                 hovertemplate=f"{phase} iteration %{{customdata}}<br>%{{base:.3f}} ms"
+                                               "+%{x:.3f} ms<extra></extra>"), row=row, col=1)
+        fig.update_xaxes(title_text="ms from window start", row=row, col=1)
+    fig.update_layout(title=f"Iteration timeline ({run.name}): host vs device lanes", barmode="overlay",
+                      height=max(300, 220 * len(strategies)))
+    return fig
+
+
+def sweep(runs: list[RunData]) -> go.Figure | None:
+    """Latency percentiles and goodput against request rate, one line per strategy (suites)."""
+    rows = []
+    for run in runs:
+        rate = run.meta.get("options", {}).get("request_rate")
+        if rate is None:
+            continue
+        for _, s in run.summary.iterrows():
+            rows.append({"rate": float(rate), **s.to_dict()})
+    df = pd.DataFrame(rows)
+    if df.empty or df["rate"].nunique() < 2:
+        return None
+    df = df.replace([np.inf], np.nan).dropna(subset=["rate"]).sort_values("rate")
+    panels = [("median_ttft_ms", "p99_ttft_ms", "TTFT (ms)"), ("median_tpot_ms", "p99_tpot_ms", "TPOT (ms)"),
+              ("median_e2el_ms", "p99_e2el_ms", "E2EL (ms)"), ("output_throughput", None, "Output tokens/s"),
+              ("request_goodput", None, "Goodput (req/s)")]
+    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[p[2] for p in panels], vertical_spacing=0.05)
+    for k, strategy in enumerate(df["strategy"].unique()):
+        d = df[df["strategy"] == strategy]
+        color = PALETTE[k % len(PALETTE)]
+        for i, (p50, p99, _) in enumerate(panels):
+            if p50 not in d:
+                continue
+            fig.add_trace(go.Scatter(x=d["rate"], y=d[p50], mode="lines+markers", name=f"{strategy} p50"
+                                     if p99 else strategy, legendgroup=strategy, showlegend=i == 0,
+                                     line={"color": color}), row=i + 1, col=1)
+            if p99:
+                fig.add_trace(go.Scatter(x=d["rate"], y=d[p99], mode="lines+markers", name=f"{strategy} p99",
+                                         legendgroup=strategy, showlegend=i == 0,
+                                         line={"color": color, "dash": "dash"}), row=i + 1, col=1)
+    fig.update_xaxes(title_text="request rate (req/s)", row=len(panels), col=1)
+    fig.update_layout(title="Throughput and latency against request rate", height=260 * len(panels))
+    return fig

@@ -1,0 +1,72 @@
+"""One self-contained HTML report: plotly.js embedded once, every string escaped, no network."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import plotly.graph_objects as go
+from plotly.offline import get_plotlyjs
+
+from reports import figures
+from reports.load import RunData, load_runs
+from reports.tables import ratio_table, summary_table, to_html_table
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
+h1{font-size:22px} h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd}
+table.data{border-collapse:collapse;font-size:12px;display:block;overflow-x:auto}
+table.data td,table.data th{border:1px solid #ddd;padding:3px 6px;text-align:right;white-space:nowrap}
+table.data th{background:#f4f4f4} pre{background:#f7f7f7;padding:8px;font-size:11px;overflow:auto;max-height:300px}
+.note{color:#666;font-size:13px}
+"""
+
+
+def _figure_div(fig: go.Figure, div_id: str) -> str:
+    return fig.to_html(full_html=False, include_plotlyjs=False, div_id=div_id,
+                       config={"displaylogo": False, "responsive": True})
+
+
+def render(runs: list[RunData], baseline: str | None = None, title: str = "slotbench report") -> str:
+    summary = summary_table([(r.name, r.summary) for r in runs])
+    strategies = list(dict.fromkeys(summary["strategy"]))
+    baseline = baseline if baseline in strategies else ("static" if "static" in strategies else strategies[0])
+    parts = [f"<h1>{html.escape(title)}</h1>",
+             '<p class="note">Runs: ' + ", ".join(html.escape(r.name) for r in runs) + "</p>",
+             "<h2>Summary</h2>", to_html_table(summary),
+             f"<h2>Ratios against {html.escape(baseline)}</h2>",
+             '<p class="note">Each metric divided by the baseline strategy\'s in the same run: throughputs '
+             "above 1 and latencies below 1 are better.</p>",
+             to_html_table(ratio_table(summary, baseline))]
+    figs: list[tuple[str, go.Figure]] = []
+    sweep = figures.sweep(runs)
+    if sweep is not None:
+        figs.append(("Sweep", sweep))
+    figs += [("Latency", figures.latency_cdfs(runs)), ("Over time", figures.over_time(runs)),
+             ("Padding", figures.padding(runs))]
+    figs += [(f"Iteration timeline: {r.name}", figures.iteration_gantt(r)) for r in runs[:4]]
+    for i, (heading, fig) in enumerate(figs):
+        parts.append(f"<h2>{html.escape(heading)}</h2>")
+        parts.append(_figure_div(fig, f"fig{i}"))
+    parts.append("<h2>Run metadata</h2>")
+    for r in runs:
+        meta = json.dumps(r.meta, indent=2, default=str)
+        parts.append(f"<h3>{html.escape(r.name)}</h3><pre>{html.escape(meta)}</pre>")
+    return (f'<!DOCTYPE html><html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+            f"<style>{_CSS}</style><script>{get_plotlyjs()}</script></head><body>{''.join(parts)}</body></html>")
+
+
+def write_report(paths: list[Path], out: Path, names: list[str] | None = None, baseline: str | None = None,
+                 title: str = "slotbench report") -> Path:
+    """Render the run (or suite) directories in ``paths`` into ``out``, written atomically."""
+    text = render(load_runs(paths, names), baseline, title)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,68 @@
+"""Read run directories into the DataFrames the report is built from (documented columns only).
+
+A run directory holds ``summary.csv``, ``run.json`` and, per strategy, ``requests.parquet``,
+``iterations.parquet`` and ``tokens.jsonl`` (see the README's output contract). A suite directory
+holds several run directories and a ``suite.json`` naming them with their swept parameters.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class RunData:
+    name: str  # label shown in the report
+    path: Path
+    meta: dict
+    summary: pd.DataFrame
+    requests: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → requests.parquet
+    iterations: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → iterations.parquet
+    itl_ms: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → pooled inter-token gaps
+    token_times: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → every token's time
+
+
+def load_run(path: Path, name: str | None = None) -> RunData:
+    if not (path / "summary.csv").is_file():
+        raise ValueError(f"{path}: not a run directory (no summary.csv)")
+    meta = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
+    summary = pd.read_csv(path / "summary.csv")
+    data = RunData(name or path.name, path, meta, summary)
+    for strategy in summary["strategy"]:
+        d = path / str(strategy)
+        if not d.is_dir():
+            continue
+        data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
+        data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
+        gaps, times = [], []
+        finished = set(data.requests[strategy].query("status == 'finished'")["request_id"])
+        with open(d / "tokens.jsonl") as f:
+            for line in f:
+                obj = json.loads(line)
+                t = np.asarray(obj["times_s"], dtype=np.float64)
+                times.append(t)
+                if obj["request_id"] in finished and len(t) > 1:
+                    gaps.append(np.diff(t) * 1e3)
+        data.itl_ms[strategy] = np.concatenate(gaps) if gaps else np.array([])
+        data.token_times[strategy] = np.concatenate(times) if times else np.array([])
+    return data
+
+
+def load_runs(paths: list[Path], names: list[str] | None = None) -> list[RunData]:
+    """Run directories, or suite directories (expanded into their runs)."""
+    runs: list[RunData] = []
+    for i, p in enumerate(paths):
+        suite = p / "suite.json"
+        if suite.is_file():
+            for entry in json.loads(suite.read_text())["runs"]:
+                run = load_run(p / entry["dir"], entry["name"])
+                run.meta["suite_params"] = entry.get("params", {})
+                runs.append(run)
+        else:
+            runs.append(load_run(p, names[i] if names and i < len(names) else None))
+    return runs

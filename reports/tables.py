@@ -1,0 +1,51 @@
+"""Summary tables: the metrics per strategy, and ratios against a baseline strategy."""
+
+from __future__ import annotations
+
+import html
+
+import pandas as pd
+
+KEY_COLUMNS = ["run", "strategy", "completed", "rejected", "failed", "duration_s", "request_throughput",
+               "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+               "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
+               "p99_e2el_ms", "request_goodput", "mean_batch_size", "slot_occupancy", "padding_fraction",
+               "device_busy_fraction", "host_ms_per_iteration", "preemptions"]
+
+# Direction of "better" for the ratio table: throughputs up, latencies down.
+HIGHER_IS_BETTER = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
+
+
+def summary_table(summaries: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
+    frames = [df.assign(run=name) for name, df in summaries]
+    df = pd.concat(frames, ignore_index=True)
+    cols = [c for c in KEY_COLUMNS if c in df.columns]
+    return df[cols + [c for c in df.columns if c not in cols]]
+
+
+def ratio_table(summary: pd.DataFrame, baseline: str) -> pd.DataFrame:
+    """Each strategy's metric divided by the baseline strategy's, within each run."""
+    metrics = [c for c in summary.columns if c.endswith("_throughput") or c.endswith("_ms") or c == "request_goodput"]
+    rows = []
+    for run, group in summary.groupby("run", sort=False):
+        base = group[group["strategy"] == baseline]
+        if base.empty:
+            continue
+        b = base.iloc[0]
+        for _, r in group.iterrows():
+            rows.append({"run": run, "strategy": r["strategy"],
+                         **{m: (r[m] / b[m] if b[m] else float("nan")) for m in metrics}})
+    return pd.DataFrame(rows)
+
+
+def to_html_table(df: pd.DataFrame, float_format: str = "{:.3g}") -> str:
+    """An escaped HTML table (pandas escapes cell text; headers and labels are ours or escaped here)."""
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = []
+    for _, row in df.iterrows():
+        cells = []
+        for v in row:
+            text = float_format.format(v) if isinstance(v, float) else str(v)
+            cells.append(f"<td>{html.escape(text)}</td>")
+        body.append("<tr>" + "".join(cells) + "</tr>")
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
