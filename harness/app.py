@@ -164,8 +164,8 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
             runs.append(run)
             rows.append(_write_strategy(staging, run, opts))
             if run.error:
-                messages.append(f"{name}: stopped early: {run.error}")
-                log(f"error: {name}: {run.error}")
+                messages.append(f"{name} stopped early: {run.error}")
+                log(f"error: {messages[-1]}")
             if run.interrupted:
                 break
     finally:

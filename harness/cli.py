@@ -65,7 +65,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from harness.app import execute
 
     opts = options_from_args(args)
-    outcome = execute(opts, Path(args.out), force=args.force, progress=not args.no_progress)
+    fault = None
+    if os.environ.get("SLOTBENCH_INJECT_FAULT"):  # test hook: STRATEGY:ITERATION raises in the engine there
+        name, _, it = os.environ["SLOTBENCH_INJECT_FAULT"].partition(":")
+        fault = (name, int(it))
+    outcome = execute(opts, Path(args.out), force=args.force, progress=not args.no_progress, fault=fault)
     print_summary(outcome.summary)
     print(f"wrote {outcome.out}/ (report: {outcome.out / 'report.html'})")
     return outcome.exit_code

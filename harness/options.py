@@ -24,7 +24,7 @@ def _opt(default: Any, help: str, **argparse_kw: Any) -> Any:
 @dataclass(frozen=True)
 class RunOptions:
     strategies: tuple[str, ...] = _opt(("static", "inflight", "overlap"), "comma-separated strategies")
-    model: str = _opt("tiny", "preset (tiny, small) or a Hugging Face checkpoint directory")
+    model: str = _opt("small", "preset (tiny, small) or a Hugging Face checkpoint directory")
     dtype: str = _opt("float32", "model dtype", choices=("float32", "float64", "bfloat16", "float16"))
     device: str = _opt("cpu", "cpu or cuda[:N]")
     trace: str = _opt("synthetic", "'synthetic' or a trace file path")
@@ -35,7 +35,7 @@ class RunOptions:
     max_concurrency: int | None = _opt(None, "at most this many requests in flight (closed loop with rate inf)")
     input_len: int = _opt(128, "synthetic: mean input length")
     output_len: int = _opt(64, "synthetic: mean output length")
-    range_ratio: float = _opt(0.0, "synthetic: spread of lengths (uniform: [L(1-r), L(1+r)])")
+    range_ratio: float = _opt(0.5, "synthetic: spread of lengths (uniform: [L(1-r), L(1+r)])")
     length_dist: str = _opt("uniform", "synthetic: length distribution", choices=LENGTH_DISTS)
     time_scale: float = _opt(1.0, "replay: multiply inter-arrival times")
     length_scale: float = _opt(1.0, "replay: multiply lengths")

@@ -67,15 +67,16 @@ def detect_format(path: str, text: str) -> str:
             keys = set(json.loads(first))
         except json.JSONDecodeError:
             raise TraceError(path, 1, "first line is not valid JSON; cannot detect the format") from None
-        if {"input_length", "output_length"} <= keys:
+        if keys & {"input_length", "output_length", "hash_ids"}:
             return "mooncake"
-        if "arrival_s" in keys:
+        if keys & {"arrival_s", "input_tokens", "prompt_token_ids"}:
             return "slotbench"
     else:
+        # Any one telling column picks the format; the loader then names what is missing.
         header = {h.strip() for h in first.split(",")}
-        if {"TIMESTAMP", "ContextTokens", "GeneratedTokens"} <= header:
+        if header & {"TIMESTAMP", "ContextTokens", "GeneratedTokens"}:
             return "azure"
-        if {"Timestamp", "Request tokens", "Response tokens"} <= header:
+        if header & {"Request tokens", "Response tokens", "Log Type"}:
             return "burstgpt"
     raise TraceError(path, 1, f"cannot detect the trace format from {first[:80]!r}; "
                               f"pass --trace-format ({', '.join(FORMATS)})")

@@ -1,0 +1,183 @@
+"""The CLI end to end, in subprocesses, on the tiny model: output contract, metrics, errors, faults."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.metrics import request_metrics
+from harness.records import read_tokens
+
+TINY = ["--model", "tiny", "--num-prompts", "40", "--input-len", "24", "--output-len", "12", "--max-batch-size", "8",
+        "--max-seq-len", "64", "--warmup", "2", "--no-progress"]
+
+
+def slotbench(*args, env=None, timeout=300):
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "r"
+    p = slotbench("run", *TINY, "--out", str(out), "--request-rate", "200", "--goodput", "ttft:500", "tpot:50",
+                  "--metric-percentiles", "50,90,99.9", "--temperature", "0.8", "--top-p", "0.9")
+    assert p.returncode == 0, p.stderr
+    return out
+
+
+def test_output_contract(run_dir):
+    for f in ("run.json", "summary.csv", "summary.json", "report.html"):
+        assert (run_dir / f).is_file(), f
+    meta = json.loads((run_dir / "run.json").read_text())
+    assert meta["seed"] == 0 and meta["device"] == "cpu" and meta["versions"]["torch"].startswith("2.")
+    assert meta["trace"]["source"] == "synthetic" and meta["options"]["request_rate"] == 200
+    for s in ("static", "inflight", "overlap"):
+        req = pd.read_parquet(run_dir / s / "requests.parquet")
+        for col in ("request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
+                    "first_token_s", "finish_s", "slot", "preemptions"):
+            assert col in req.columns
+        assert len(req) == 40 and set(req["status"]) == {"finished"}
+        it = pd.read_parquet(run_dir / s / "iterations.parquet")
+        assert len(it) > 0 and (it["sample_end_s"] >= it["forward_start_s"]).all()
+        trace = json.loads((run_dir / s / "timeline.json").read_text())
+        names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X"}
+        assert names == {"schedule", "prepare", "postprocess", "forward", "sample"}
+
+
+def test_summary_is_recomputable_from_requests_and_tokens(run_dir):
+    summary = pd.read_csv(run_dir / "summary.csv")
+    assert list(summary["strategy"]) == ["static", "inflight", "overlap"]
+    for _, row in summary.iterrows():
+        req = pd.read_parquet(run_dir / row["strategy"] / "requests.parquet")
+        tokens = read_tokens((run_dir / row["strategy"] / "tokens.jsonl").read_text())
+        again = request_metrics(req, tokens, (50, 90, 99.9), {"ttft": 500.0, "tpot": 50.0})
+        for key, value in again.items():
+            assert row[key] == pytest.approx(value, rel=1e-9, nan_ok=True), key
+        # and by hand, from first principles, for a few of them
+        done = req[req["status"] == "finished"]
+        ttft = (done["first_token_s"] - done["arrival_s"]) * 1e3
+        assert row["mean_ttft_ms"] == pytest.approx(ttft.mean())
+        assert row["p99_9_ttft_ms"] == pytest.approx(np.percentile(ttft, 99.9))
+        gaps = np.concatenate([np.diff(tokens[r]) for r in done["request_id"]]) * 1e3
+        assert row["mean_itl_ms"] == pytest.approx(gaps.mean())
+        assert row["std_itl_ms"] == pytest.approx(gaps.std())
+        duration = done["finish_s"].max() - req["arrival_s"].min()
+        assert row["output_throughput"] == pytest.approx(done["output_tokens"].sum() / duration)
+        assert 0 <= row["request_goodput"] <= row["request_throughput"]
+
+
+def test_token_times_are_postprocess_times(run_dir):
+    req = pd.read_parquet(run_dir / "inflight" / "requests.parquet")
+    tokens = [json.loads(line) for line in (run_dir / "inflight" / "tokens.jsonl").read_text().splitlines()]
+    by_id = {t["request_id"]: t for t in tokens}
+    it = pd.read_parquet(run_dir / "inflight" / "iterations.parquet")
+    post = set(np.round(it["postprocess_start_s"], 9))
+    for _, r in req.iterrows():
+        t = by_id[r["request_id"]]
+        assert len(t["tokens"]) == len(t["times_s"]) == r["output_tokens"]
+        assert t["times_s"][0] == r["first_token_s"] and t["times_s"][-1] == r["finish_s"]
+        assert all(b >= a for a, b in zip(t["times_s"], t["times_s"][1:], strict=False))
+        assert r["first_token_s"] >= r["arrival_s"]
+    # every token time lies inside some iteration's postprocess phase
+    lo, hi = it["postprocess_start_s"].to_numpy(), it["postprocess_end_s"].to_numpy()
+    for t in tokens[:5]:
+        for x in t["times_s"]:
+            assert ((lo <= x) & (x <= hi)).any()
+    assert post
+
+
+def test_refuses_to_overwrite_without_force(run_dir):
+    p = slotbench("run", *TINY, "--out", str(run_dir))
+    assert p.returncode == 2 and "exists; pass --force" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--strategies", "static,dynamic"], "unknown strategy 'dynamic'; valid: inflight, overlap, static"),
+    (["--max-batch-size", "0"], "--max-batch-size must be positive"),
+    (["--max-num-tokens", "8"], "smaller than one KV block"),
+    (["--metric-percentiles", "50,100"], "each must be in (0, 100)"),
+    (["--goodput", "ttft=5"], "expected METRIC:MS"),
+    (["--goodput", "itl:5"], "expected METRIC:MS"),
+    (["--trace", "/nonexistent/trace.csv"], "/nonexistent/trace.csv: no such file"),
+    (["--trace-format", "parquet"], "invalid choice"),
+    (["--model", "gpt-17"], "not a preset"),
+    (["--request-rate", "abc"], "invalid float value"),
+])
+def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
+    p = slotbench("run", *TINY, "--out", str(tmp_path / "x"), *args)
+    assert p.returncode == 2, p.stderr
+    assert message in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_bad_trace_row_names_file_and_line(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2}\n'
+                     '{"arrival_s": 1, "input_tokens": -5, "output_tokens": 2}\n')
+    p = slotbench("run", *TINY, "--trace", str(trace), "--out", str(tmp_path / "x"))
+    assert p.returncode == 2 and f"{trace}:2: input_tokens: -5 is not a positive token count" in p.stderr
+
+
+def test_trace_info(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(f'{{"timestamp": {i * 500}, "input_length": {10 + i}, "output_length": 3}}\n'
+                             for i in range(5)))
+    p = slotbench("trace-info", str(trace))
+    info = json.loads(p.stdout)
+    assert p.returncode == 0 and info["rows"] == 5 and info["duration_s"] == 2.0 and info["input_p50"] == 12
+
+
+def test_replay_with_fitting(tmp_path, shared_traces):
+    out = tmp_path / "az"
+    p = slotbench("run", *TINY, "--strategies", "inflight", "--trace",
+                  str(shared_traces / "azure2023" / "AzureLLMInferenceTrace_conv.csv"), "--limit", "30",
+                  "--time-scale", "0.01", "--max-input-len", "40", "--max-output-len", "10", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    req = pd.read_parquet(out / "inflight" / "requests.parquet")
+    assert len(req) == 30 and req["input_tokens"].max() <= 40 and (req["status"] == "finished").all()
+    assert json.loads((out / "run.json").read_text())["trace"]["format"] == "azure"
+
+
+def test_engine_fault_keeps_what_was_measured(tmp_path):
+    out = tmp_path / "f"
+    p = slotbench("run", *TINY, "--out", str(out), env={"SLOTBENCH_INJECT_FAULT": "inflight:5"})
+    assert p.returncode == 1
+    assert "error: inflight stopped early: RuntimeError: injected engine fault at iteration 5" in p.stderr
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["status"]) == ["ok", "stopped", "ok"]  # the other strategies still ran
+    req = pd.read_parquet(out / "inflight" / "requests.parquet")
+    it = pd.read_parquet(out / "inflight" / "iterations.parquet")
+    # iterations 0-4 complete; 5 was scheduled and launched, and its device step raised
+    assert list(it["iteration"]) == [0, 1, 2, 3, 4, 5]
+    assert it["sample_end_s"].iloc[:5].notna().all() and np.isnan(it["sample_end_s"].iloc[5])
+    assert (req["status"] == "failed").all()
+    assert req["finish_reason"].str.contains("injected engine fault").all()
+    assert (out / "report.html").is_file()
+
+
+def test_sigint_writes_what_was_measured_and_exits_130(tmp_path):
+    out = tmp_path / "i"
+    args = [sys.executable, "-m", "harness.cli", "run", "--model", "tiny", "--num-prompts", "3000",
+            "--request-rate", "100", "--max-seq-len", "64", "--input-len", "24", "--output-len", "12",
+            "--warmup", "0", "--strategies", "inflight,overlap", "--out", str(out)]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # model build and the first seconds of the run
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    summary = pd.read_csv(out / "summary.csv")
+    assert list(summary["strategy"]) == ["inflight"]  # overlap never started
+    req = pd.read_parquet(out / "inflight" / "requests.parquet")
+    assert len(req) == 3000
+    assert set(req["status"]) <= {"finished", "failed"} and (req["status"] == "failed").any()
+    assert (req["status"] == "finished").any()
+    assert req.loc[req["status"] == "failed", "finish_reason"].eq("interrupted (SIGINT)").all()
