@@ -65,4 +65,9 @@ def load_runs(paths: list[Path], names: list[str] | None = None) -> list[RunData
                 runs.append(run)
         else:
             runs.append(load_run(p, names[i] if names and i < len(names) else None))
+    seen: dict[str, int] = {}
+    for run in runs:  # the same directory twice, or two runs named alike: keep labels distinct
+        seen[run.name] = seen.get(run.name, 0) + 1
+        if seen[run.name] > 1:
+            run.name = f"{run.name} #{seen[run.name]}"
     return runs

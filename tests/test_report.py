@@ -1,0 +1,103 @@
+"""The HTML report: built from a real small run, opened in headless Chromium, escaped, bounded in size."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from reports.html import write_report
+from reports.load import load_runs
+from reports.tables import ratio_table, summary_table
+
+EVIL = "<script>alert('x')</script>"
+EVIL_FILE = "<img src=x onerror=alert('x')><script>alert('x')<"  # a file name cannot hold "/"
+SHOTS = Path(__file__).parent / "artifacts"
+
+
+def slotbench(*args):
+    p = subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    return p
+
+
+@pytest.fixture(scope="module")
+def evil_run(tmp_path_factory):
+    """A small real run whose trace file name carries a script tag."""
+    root = tmp_path_factory.mktemp("rep")
+    trace = root / f"{EVIL_FILE}.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": i * 0.002, "input_tokens": 10 + i % 7, "output_tokens": 6,
+                                         "request_id": f"{EVIL}{i}"}) + "\n" for i in range(30)))
+    out = root / "run"
+    slotbench("run", "--model", "tiny", "--trace", str(trace), "--max-seq-len", "64", "--warmup", "1",
+              "--no-progress", "--out", str(out))
+    return out
+
+
+def test_user_strings_are_escaped(evil_run):
+    html = (evil_run / "report.html").read_text()
+    assert EVIL_FILE not in html and "<img src=x" not in html
+    assert "&lt;img src=x onerror=alert(&#x27;x&#x27;)&gt;" in html  # the metadata block shows it, inert
+    # a strategy label rendered into a table is escaped too
+    summary = pd.read_csv(evil_run / "summary.csv").assign(strategy=EVIL)
+    from reports.tables import to_html_table
+
+    assert EVIL not in to_html_table(summary) and "&lt;script&gt;" in to_html_table(summary)
+
+
+def test_ratios_against_baseline(evil_run):
+    runs = load_runs([evil_run])
+    s = summary_table([(r.name, r.summary) for r in runs])
+    ratios = ratio_table(s, "static")
+    assert (ratios.loc[ratios["strategy"] == "static", "output_throughput"] == 1.0).all()
+    inflight = s.set_index("strategy").loc["inflight"]
+    static = s.set_index("strategy").loc["static"]
+    r = ratios.set_index("strategy").loc["inflight", "output_throughput"]
+    assert r == pytest.approx(inflight["output_throughput"] / static["output_throughput"])
+
+
+def test_report_renders_in_chromium(evil_run, tmp_path, chromium):
+    playwright = pytest.importorskip("playwright.sync_api")
+    compare = tmp_path / "compare.html"
+    slotbench("report", str(evil_run), str(evil_run), "--out", str(compare))
+    errors: list[str] = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.on("dialog", lambda d: errors.append(f"dialog opened: {d.message}"))
+            for report, num_runs in ((evil_run / "report.html", 1), (compare, 2)):
+                page.goto(report.as_uri())
+                page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length > 0")
+                plots = page.locator(".js-plotly-plot")
+                n = plots.count()
+                assert n == 3 + num_runs  # latency, over time, padding, and an iteration timeline per run
+                for i in range(n):
+                    assert plots.nth(i).locator("svg.main-svg").count() >= 1, f"figure {i} has no SVG"
+                assert page.locator("table.data").count() == 2
+                assert page.locator("text=run #2").count() >= (1 if num_runs == 2 else 0)
+            SHOTS.mkdir(exist_ok=True)
+            page.goto((evil_run / "report.html").as_uri())
+            page.wait_for_timeout(500)
+            page.screenshot(path=str(SHOTS / "report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert errors == []
+    assert (SHOTS / "report.png").stat().st_size > 10_000
+
+
+def test_report_size_is_bounded_for_many_requests(tmp_path):
+    """10,000 requests with long outputs: per-token series are aggregated, the page stays under 10 MB."""
+    out = tmp_path / "big"
+    slotbench("run", "--model", "tiny", "--strategies", "inflight", "--num-prompts", "10000", "--input-len", "8",
+              "--output-len", "40", "--max-batch-size", "64", "--max-seq-len", "64", "--warmup", "0",
+              "--no-progress", "--out", str(out))
+    size = (out / "report.html").stat().st_size
+    assert size < 10 * 2**20, size
+    write_report([out], tmp_path / "again.html")
+    assert (tmp_path / "again.html").stat().st_size < 10 * 2**20
