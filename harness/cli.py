@@ -18,7 +18,7 @@ import pandas as pd
 from harness.errors import UserError
 from harness.options import add_run_arguments, options_from_args
 
-SUMMARY_COLUMNS = ["strategy", "completed", "rejected", "failed", "duration_s", "request_throughput",
+SUMMARY_COLUMNS = ["run", "strategy", "completed", "rejected", "failed", "duration_s", "request_throughput",
                    "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
                    "mean_batch_size", "device_busy_fraction", "host_ms_per_iteration"]
 
