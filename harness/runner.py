@@ -74,7 +74,8 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
         warmup_s = time.perf_counter() - t
     clock = Clock()
     strategy = cls(model_cfg, model, config, clock)
-    strategy.engine.fault_at_iteration = fault_at_iteration
+    if fault_at_iteration is not None:
+        strategy.inject_fault(fault_at_iteration)
     if profile_iters is not None and config.device.startswith("cuda"):
         strategy.iteration_hook = _cuda_profiler_range(*profile_iters)
     source = TraceSource(requests, max_concurrency, on_end)

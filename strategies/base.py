@@ -50,15 +50,65 @@ class ExecutorStalled(RuntimeError):
     pass
 
 
-class Strategy(ABC):
+class Executor(ABC):
+    """What the harness drives: serve a request source, keep iteration records, close."""
+
     name: ClassVar[str]
-    num_buffer_sets: ClassVar[int] = 1
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:
         self.model_cfg = model_cfg
+        self.model = model
         self.config = config
         self.clock = clock or Clock()
+        self.records: list[IterationRecord] = []
+        self.source: RequestSource | None = None
+        self.iteration_hook: Callable[[int], None] | None = None  # called as each iteration starts
+
+    @abstractmethod
+    def run(self, source: RequestSource) -> None:
+        """Serve every request ``source`` hands out until none is left. Raises on an engine fault; the
+        requests then keep the state they reached, for the caller to mark failed."""
+
+    def close(self) -> None:
+        """Release threads and devices; safe to call after a failure."""
+
+    def inject_fault(self, iteration: int) -> None:
+        """Test hook: make the device step raise at ``iteration``."""
+        raise NotImplementedError(f"{self.name} has no fault hook")
+
+    def rejection(self, r: Request) -> str | None:
+        """Why ``r`` can never be served by this executor, or None."""
+        c, cfg = self.config, self.model_cfg
+        if r.prompt_len == 0:
+            return "empty prompt"
+        if r.max_new_tokens <= 0:
+            return f"max_new_tokens must be positive, got {r.max_new_tokens}"
+        if r.prompt_len + r.max_new_tokens > c.max_seq_len:
+            return (f"prompt ({r.prompt_len}) + max_new_tokens ({r.max_new_tokens}) exceeds "
+                    f"max_seq_len ({c.max_seq_len})")
+        if -(-(r.prompt_len + r.max_new_tokens) // c.tokens_per_block) > c.total_kv_blocks:
+            return f"needs more KV blocks than the cache has ({c.total_kv_blocks})"
+        if len(r.sampling.stop_token_ids) >= MAX_STOP_IDS:
+            return f"at most {MAX_STOP_IDS - 1} stop token ids"
+        if r.prompt_token_ids.min() < 0 or r.prompt_token_ids.max() >= cfg.vocab_size:
+            return f"prompt token id outside the vocabulary [0, {cfg.vocab_size})"
+        return None
+
+    def _reject(self, r: Request, reason: str) -> None:
+        r.end(Status.REJECTED, reason)
+        assert self.source is not None
+        self.source.on_finished(r)
+
+
+class Strategy(Executor):
+    """A slotbench executor: the shared runtime, arranged by a loop of schedule → launch → postprocess."""
+
+    num_buffer_sets: ClassVar[int] = 1
+
+    def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+                 clock: Clock | None = None) -> None:
+        super().__init__(model_cfg, model, config, clock)
         self.nvtx = Nvtx(config.instrument)
         self.stream = make_stream(config.device, self.clock, self.nvtx, config.device_threads)
         self.engine = Engine(model_cfg, model, self.stream, num_slots=config.max_batch_size,
@@ -68,22 +118,20 @@ class Strategy(ABC):
         self.kv = KVCacheManager(config.tokens_per_block, config.total_kv_blocks)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
-        self.records: list[IterationRecord] = []
-        self.source: RequestSource | None = None
         self._admissions = 0
-        self.iteration_hook: Callable[[int], None] | None = None  # called as each iteration starts
         self._last_launched: IterationRecord | None = None
         self._last_waited: IterationRecord | None = None
 
     # --- interface --------------------------------------------------------------------------------
     def run(self, source: RequestSource) -> None:
-        """Serve every request ``source`` hands out until none is left. Raises on an engine fault; the
-        requests then keep the state they reached, for the caller to mark failed."""
         self.source = source
         self._loop()
 
     def close(self) -> None:
         self.stream.close()
+
+    def inject_fault(self, iteration: int) -> None:
+        self.engine.fault_at_iteration = iteration
 
     def max_tokens_per_step(self) -> int:
         return self.config.max_num_tokens
@@ -111,24 +159,6 @@ class Strategy(ABC):
     @abstractmethod
     def schedule(self, iteration: int) -> ScheduledBatch: ...
 
-    def rejection(self, r: Request) -> str | None:
-        """Why ``r`` can never be served by this executor, or None."""
-        c, cfg = self.config, self.model_cfg
-        if r.prompt_len == 0:
-            return "empty prompt"
-        if r.max_new_tokens <= 0:
-            return f"max_new_tokens must be positive, got {r.max_new_tokens}"
-        if r.prompt_len + r.max_new_tokens > c.max_seq_len:
-            return (f"prompt ({r.prompt_len}) + max_new_tokens ({r.max_new_tokens}) exceeds "
-                    f"max_seq_len ({c.max_seq_len})")
-        if self.kv.blocks_for(r.prompt_len + r.max_new_tokens) > self.kv.total_blocks:
-            return f"needs more KV blocks than the cache has ({self.kv.total_blocks})"
-        if len(r.sampling.stop_token_ids) >= MAX_STOP_IDS:
-            return f"at most {MAX_STOP_IDS - 1} stop token ids"
-        if r.prompt_token_ids.min() < 0 or r.prompt_token_ids.max() >= cfg.vocab_size:
-            return f"prompt token id outside the vocabulary [0, {cfg.vocab_size})"
-        return None
-
     # --- intake and idling ------------------------------------------------------------------------
     def _intake(self) -> bool:
         """Move arrived requests into the queue; False once there is nothing left to do."""
@@ -138,8 +168,7 @@ class Strategy(ABC):
             if reason is None:
                 self.waiting.append(r)
             else:
-                r.end(Status.REJECTED, reason)
-                self.source.on_finished(r)
+                self._reject(r, reason)
         return bool(self.waiting or self.running or not self.source.exhausted)
 
     def _idle(self) -> None:
@@ -237,10 +266,10 @@ class Strategy(ABC):
         self.source.on_finished(r)
 
 
-_REGISTRY: dict[str, type[Strategy]] = {}
+_REGISTRY: dict[str, type[Executor]] = {}
 
 
-def register(cls: type[Strategy]) -> type[Strategy]:
+def register(cls: type[Executor]) -> type[Executor]:
     _REGISTRY[cls.name] = cls
     return cls
 
@@ -250,7 +279,7 @@ def strategy_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def get_strategy(name: str) -> type[Strategy]:
+def get_strategy(name: str) -> type[Executor]:
     _load_builtin()
     if name not in _REGISTRY:
         raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
@@ -260,4 +289,9 @@ def get_strategy(name: str) -> type[Strategy]:
 def _load_builtin() -> None:
     import strategies.inflight.executor
     import strategies.overlap.executor
-    import strategies.static.executor  # noqa: F401
+    import strategies.static.executor
+
+    try:  # peer engines need the optional `peers` extra (transformers)
+        import strategies.peers  # noqa: F401
+    except ImportError:
+        pass
