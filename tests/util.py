@@ -65,7 +65,7 @@ def reference_decode(model: torch.nn.Module, cfg: ModelConfig, r: Request) -> li
     out: list[int] = []
     for step in range(r.max_new_tokens):
         n = len(tokens)
-        shape = (cfg.num_hidden_layers, 1, n, cfg.num_key_value_heads, cfg.head_dim)
+        shape = (cfg.num_hidden_layers, 1, cfg.num_key_value_heads, n, cfg.head_dim)
         k = torch.zeros(shape, dtype=cfg.torch_dtype)
         logits = model(torch.tensor(tokens), torch.arange(n), torch.zeros(n, dtype=torch.long), k, torch.zeros_like(k),
                        [0], [n], [0], [0], n, 0, torch.tensor([n - 1]))

@@ -23,7 +23,8 @@ def to_hf(cfg: ModelConfig, model: torch.nn.Module) -> LlamaForCausalLM:
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [k for k in missing if not k.endswith("inv_freq")]
     if missing or unexpected:
-        raise RuntimeError(f"weights do not map onto LlamaForCausalLM: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise RuntimeError(f"weights do not map onto LlamaForCausalLM: missing {missing[:3]}, "
+                           f"unexpected {unexpected[:3]}")
     return hf.to(dtype=cfg.torch_dtype).eval()
 
 

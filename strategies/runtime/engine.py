@@ -99,6 +99,6 @@ class Engine:
             return
         slots = io.dev_slots[:n]
         tokens = sample(rb.logits[:n], st.temperature[slots], st.top_k[slots], st.top_p[slots],
-                        st.min_p[slots], st.seed[slots], st.gen_len[slots], io.use_filters)  # [n]
+                        st.min_p[slots], st.seed[slots], st.gen_len[slots], io.use_filters, io.any_random)  # [n]
         st.apply(slots, tokens, io.dev_out[:, :n])
         io.outputs_to_host(self.stream)

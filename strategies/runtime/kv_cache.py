@@ -1,7 +1,7 @@
 """KV cache: preallocated storage per slot, and block accounting for admission.
 
-Storage is contiguous per slot (``[layers, slots, max_seq_len, kv_heads, head_dim]``), so attention
-never gathers pages. Capacity is governed separately by the block manager, as a paged cache would be:
+Storage is contiguous per slot and head (``[layers, slots, kv_heads, max_seq_len, head_dim]``), so a
+slot's keys are a matmul-ready view and attention never gathers pages. Capacity is governed separately by the block manager, as a paged cache would be:
 ``total_blocks`` of ``tokens_per_block`` tokens may be smaller than slots × max_seq_len, which is how a
 run is given a tight cache and how schedulers decide admission and preemption.
 """
@@ -15,9 +15,9 @@ from strategies.runtime.model import ModelConfig
 
 class KVCacheStorage:
     def __init__(self, cfg: ModelConfig, num_slots: int, max_seq_len: int, device: torch.device) -> None:
-        shape = (cfg.num_hidden_layers, num_slots, max_seq_len, cfg.num_key_value_heads, cfg.head_dim)
-        self.k = torch.zeros(shape, dtype=cfg.torch_dtype, device=device)  # [L, S, max_seq, Hkv, D]
-        self.v = torch.zeros(shape, dtype=cfg.torch_dtype, device=device)  # [L, S, max_seq, Hkv, D]
+        shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_seq_len, cfg.head_dim)
+        self.k = torch.zeros(shape, dtype=cfg.torch_dtype, device=device)  # [L, S, Hkv, max_seq, D]
+        self.v = torch.zeros(shape, dtype=cfg.torch_dtype, device=device)  # [L, S, Hkv, max_seq, D]
 
     @property
     def nbytes(self) -> int:

@@ -142,35 +142,53 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         # Write this step's keys/values first: a token attends to itself and to its slot's history.
-        k_cache.index_put_((token_slots, positions), k)  # k_cache: [S, max_seq, Hkv, D]
-        v_cache.index_put_((token_slots, positions), v)
+        k_cache[token_slots, :, positions] = k  # k_cache: [S, Hkv, max_seq, D]
+        v_cache[token_slots, :, positions] = v
         out = torch.empty_like(q)  # [T, H, D]
         for i in range(len(ctx_starts)):
             s, n, slot, p0 = ctx_starts[i], ctx_lens[i], ctx_slots[i], ctx_pos0[i]
             kv_len = p0 + n
-            qi = q[s:s + n].transpose(0, 1)  # [H, n, D]
-            ki = k_cache[slot, :kv_len].transpose(0, 1).repeat_interleave(self.group, 0)  # [H, K, D]
-            vi = v_cache[slot, :kv_len].transpose(0, 1).repeat_interleave(self.group, 0)  # [H, K, D]
+            # 4-D views: the batched layout takes PyTorch's fused CPU kernel (2x the 3-D path's speed).
+            qi = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
+            ki = k_cache[slot, :, :kv_len].unsqueeze(0)  # [1, Hkv, K, D], a view
+            vi = v_cache[slot, :, :kv_len].unsqueeze(0)
             if p0 == 0:
-                oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True)
+                oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
             else:  # a later chunk of a chunked prefill: causal with an offset
                 qpos = torch.arange(p0, kv_len, device=x.device).unsqueeze(1)  # [n, 1]
                 mask = torch.arange(kv_len, device=x.device).unsqueeze(0) <= qpos  # [n, K]
-                oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask)
-            out[s:s + n] = oi.transpose(0, 1)
+                oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
+            out[s:s + n] = oi[0].transpose(0, 1)
         g = t - num_ctx_tokens
         if g > 0:
-            # Generation steps, one token per request, batched together over their slots' caches.
-            qg = q[num_ctx_tokens:].view(g, self.num_kv_heads, self.group, self.head_dim)  # [G, Hkv, grp, D]
-            slots = token_slots[num_ctx_tokens:]  # [G]
-            kg = k_cache[slots, :gen_kmax].permute(0, 2, 3, 1)  # [G, Hkv, D, K]
-            vg = v_cache[slots, :gen_kmax].permute(0, 2, 1, 3)  # [G, Hkv, K, D]
-            scores = torch.matmul(qg, kg) * self.scale  # [G, Hkv, grp, K]
-            future = torch.arange(gen_kmax, device=x.device).unsqueeze(0) > positions[num_ctx_tokens:].unsqueeze(1)
-            scores = scores.masked_fill(future.view(g, 1, 1, gen_kmax), float("-inf"))
-            og = torch.matmul(torch.softmax(scores.float(), dim=-1).to(vg.dtype), vg)  # [G, Hkv, grp, D]
-            out[num_ctx_tokens:] = og.reshape(g, self.num_heads, self.head_dim)
+            out[num_ctx_tokens:] = self._generation(q[num_ctx_tokens:], k_cache, v_cache, token_slots[num_ctx_tokens:],
+                                                    positions[num_ctx_tokens:], gen_kmax)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
+
+
+    def _generation(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
+                    positions: torch.Tensor, kmax: int) -> torch.Tensor:
+        """One query per request, batched over their slots' caches. When most slots are generating, the
+        cache is read in place for every slot (a strided view, no copy) and the rows that matter are
+        picked afterwards; otherwise the few slots in use are gathered."""
+        g, num_slots = q.size(0), k_cache.size(0)
+        qg = q.view(g, self.num_kv_heads, self.group, self.head_dim)  # [G, Hkv, grp, D]
+        if 2 * g >= num_slots:
+            q_all = torch.zeros((num_slots, self.num_kv_heads, self.group, self.head_dim), dtype=q.dtype,
+                                device=q.device)  # [S, Hkv, grp, D]
+            q_all[slots] = qg
+            pos_all = torch.zeros(num_slots, dtype=positions.dtype, device=q.device)  # idle slots see position 0
+            pos_all[slots] = positions
+            keys, values, qb, pb = k_cache[:, :, :kmax], v_cache[:, :, :kmax], q_all, pos_all
+        else:
+            keys, values, qb, pb = k_cache[slots, :, :kmax], v_cache[slots, :, :kmax], qg, positions
+        scores = torch.matmul(qb, keys.transpose(-1, -2)) * self.scale  # [B, Hkv, grp, K]
+        future = torch.arange(kmax, device=q.device).unsqueeze(0) > pb.unsqueeze(1)  # [B, K]
+        scores = scores.masked_fill(future.view(-1, 1, 1, kmax), float("-inf"))
+        o = torch.matmul(torch.softmax(scores.float(), dim=-1).to(values.dtype), values)  # [B, Hkv, grp, D]
+        if 2 * g >= num_slots:
+            o = o[slots]
+        return o.reshape(g, self.num_heads, self.head_dim)
 
 
 class MLP(nn.Module):

@@ -35,11 +35,15 @@ def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -
 
 @torch.jit.script
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-           min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, use_filters: bool) -> torch.Tensor:
-    """One token per row. logits [B, V]; per-row parameters [B]; ``use_filters`` is a host-known flag
-    (some row in the batch uses top-k/top-p/min-p) that skips the sort when nobody needs it."""
+           min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, use_filters: bool,
+           any_random: bool = True) -> torch.Tensor:
+    """One token per row. logits [B, V]; per-row parameters [B]. ``use_filters`` and ``any_random`` are
+    host-known flags (some row uses top-k/top-p/min-p; some row samples at all) that skip the sort and
+    the noise when nobody needs them — a branch on what the host already knows, not on tensor values."""
     vocab = logits.size(1)
     greedy = torch.argmax(logits, dim=-1)  # [B]
+    if not any_random:
+        return greedy
     scaled = logits.float() / temperature.clamp(min=1e-6).unsqueeze(1)  # [B, V]
     if use_filters:
         sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [B, V]

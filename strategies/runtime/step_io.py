@@ -32,6 +32,7 @@ class StepIO:
         self.rows: list[Request] = []  # the request of each output row, in order
         self.num_admit = 0
         self.use_filters = False
+        self.any_random = False
 
     def fill(self, batch: ScheduledBatch, eos_token_id: int) -> None:
         self.rows = batch.sampled_requests
@@ -47,6 +48,7 @@ class StepIO:
             row[5:5 + len(stops)] = stops
             self._admit_f_np[i] = (s.temperature, s.top_p, s.min_p)
         self.use_filters = any(r.sampling.uses_filters for r in self.rows)
+        self.any_random = any(r.sampling.temperature > 0 for r in self.rows)
 
     def to_device(self, stream: DeviceStream) -> None:
         stream.copy_prefix(self.dev_slots, self.host_slots, len(self.rows))
