@@ -7,6 +7,7 @@ difference between strategies in a report comes from scheduling alone.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -291,7 +292,5 @@ def _load_builtin() -> None:
     import strategies.overlap.executor
     import strategies.static.executor
 
-    try:  # peer engines need the optional `peers` extra (transformers)
+    with contextlib.suppress(ImportError):  # peer engines need the optional `peers` extra (transformers)
         import strategies.peers  # noqa: F401
-    except ImportError:
-        pass

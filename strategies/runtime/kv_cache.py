@@ -1,9 +1,10 @@
 """KV cache: preallocated storage per slot, and block accounting for admission.
 
 Storage is contiguous per slot and head (``[layers, slots, kv_heads, max_seq_len, head_dim]``), so a
-slot's keys are a matmul-ready view and attention never gathers pages. Capacity is governed separately by the block manager, as a paged cache would be:
-``total_blocks`` of ``tokens_per_block`` tokens may be smaller than slots × max_seq_len, which is how a
-run is given a tight cache and how schedulers decide admission and preemption.
+slot's keys are a matmul-ready view and attention never gathers pages. Capacity is governed separately
+by the block manager, as a paged cache would be: ``total_blocks`` of ``tokens_per_block`` tokens may be
+smaller than slots × max_seq_len, which is how a run is given a tight cache and how schedulers decide
+admission and preemption.
 """
 
 from __future__ import annotations
