@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from strategies.runtime.sampler import sample
+
 # Finish codes the device writes; the host maps them to reasons. DISCARDED marks a row computed for a
 # request the device already knew to be finished (overlap's one extra step; static's padding rows).
 CONTINUE, STOP, LENGTH, DISCARDED = 0, 1, 2, -1
@@ -40,9 +42,13 @@ class DecoderState:
         _admit(slots, ints, floats, self.gen_len, self.max_new, self.seed, self.top_k, self.stop_ids,
                self.temperature, self.top_p, self.min_p, self.finished)
 
-    def apply(self, slots: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor) -> None:
-        """Record one sampled token per row and decide finishes; writes [tokens; codes] into out [2, B]."""
-        _apply(slots, tokens, out, self.last_token, self.gen_len, self.max_new, self.stop_ids, self.finished)
+    def sample(self, logits: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, use_filters: bool,
+               any_random: bool) -> None:
+        """Sample one token per row with each slot's parameters, record it, decide finishes; writes
+        [tokens; finish codes] into out [2, B]. One TorchScript call."""
+        _sample_and_apply(logits, slots, out, self.temperature, self.top_k, self.top_p, self.min_p, self.seed,
+                          self.last_token, self.gen_len, self.max_new, self.stop_ids, self.finished, use_filters,
+                          any_random)
 
 
 @torch.jit.script
@@ -73,3 +79,13 @@ def _apply(slots: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor, last_to
     code = hit_stop.long() * 1 + hit_len.long() * 2  # STOP / LENGTH / CONTINUE
     out[0] = tokens
     out[1] = torch.where(active, code, torch.full_like(code, -1))
+
+
+@torch.jit.script
+def _sample_and_apply(logits: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, temperature: torch.Tensor,
+                      top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor, seed: torch.Tensor,
+                      last_token: torch.Tensor, gen_len: torch.Tensor, max_new: torch.Tensor, stop_ids: torch.Tensor,
+                      finished: torch.Tensor, use_filters: bool, any_random: bool) -> None:
+    tokens = sample(logits, temperature[slots], top_k[slots], top_p[slots], min_p[slots], seed[slots], gen_len[slots],
+                    use_filters, any_random)  # [B]
+    _apply(slots, tokens, out, last_token, gen_len, max_new, stop_ids, finished)

@@ -17,7 +17,6 @@ from strategies.runtime.device import DeviceStream, DeviceWork
 from strategies.runtime.kv_cache import KVCacheStorage
 from strategies.runtime.model import LlamaModel, ModelConfig
 from strategies.runtime.runtime_buffers import RuntimeBuffers
-from strategies.runtime.sampler import sample
 from strategies.runtime.step_io import StepIO
 
 MAX_STOP_IDS = 8  # EOS plus up to seven per-request stop ids
@@ -84,21 +83,16 @@ class Engine:
         if io.num_admit:
             a = io.dev_admit[:io.num_admit]
             self.state.admit(a[:, 0], a[:, 1:], io.dev_admit_f[:io.num_admit])
-        ids, pos, slots = rb.dev[0, :rb.num_tokens], rb.dev[1, :rb.num_tokens], rb.dev[2, :rb.num_tokens]
-        nct = rb.num_ctx_tokens
-        if rb.num_tokens > nct:  # generation inputs come from the device, never from the host
-            ids[nct:] = self.state.last_token[slots[nct:]]
-        logits = self.model(ids, pos, slots, self.kv.k, self.kv.v, rb.ctx_starts, rb.ctx_lens, rb.ctx_slots,
-                            rb.ctx_pos0, nct, rb.gen_kmax, rb.dev_rows[:rb.num_samples])  # [B, V]
-        rb.logits[:rb.num_samples].copy_(logits)
+        n = rb.num_tokens
+        # Generation inputs come from the decoder state on the device, never from the host.
+        self.model.step(rb.dev[0, :n], rb.dev[1, :n], rb.dev[2, :n], self.kv.k, self.kv.v, rb.ctx_starts,
+                        rb.ctx_lens, rb.ctx_slots, rb.ctx_pos0, rb.num_ctx_tokens, rb.gen_kmax,
+                        rb.dev_rows[:rb.num_samples], self.state.last_token, rb.logits)
 
     def _sample(self, bufs: BufferSet) -> None:
         rb, io, st = bufs.runtime, bufs.step, self.state
         n = rb.num_samples
         if n == 0:
             return
-        slots = io.dev_slots[:n]
-        tokens = sample(rb.logits[:n], st.temperature[slots], st.top_k[slots], st.top_p[slots],
-                        st.min_p[slots], st.seed[slots], st.gen_len[slots], io.use_filters, io.any_random)  # [n]
-        st.apply(slots, tokens, io.dev_out[:, :n])
+        st.sample(rb.logits[:n], io.dev_slots[:n], io.dev_out[:, :n], io.use_filters, io.any_random)
         io.outputs_to_host(self.stream)

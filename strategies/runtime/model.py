@@ -248,6 +248,19 @@ class LlamaModel(nn.Module):
             layer += 1  # noqa: SIM113 - TorchScript indexes the cache by a plain int
         return self.lm_head(self.norm(x[sample_rows]))  # [B, vocab]
 
+    @torch.jit.export
+    def step(self, token_ids: torch.Tensor, positions: torch.Tensor, token_slots: torch.Tensor,
+             k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+             ctx_slots: list[int], ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int,
+             sample_rows: torch.Tensor, last_token: torch.Tensor, logits_out: torch.Tensor) -> None:
+        """The engine's forward as one call: generation inputs are read from the decoder state's
+        ``last_token`` on the device, and the logits land in the runtime buffer ``logits_out``."""
+        if token_ids.size(0) > num_ctx_tokens:
+            token_ids[num_ctx_tokens:] = last_token[token_slots[num_ctx_tokens:]]
+        logits = self.forward(token_ids, positions, token_slots, k_cache, v_cache, ctx_starts, ctx_lens, ctx_slots,
+                              ctx_pos0, num_ctx_tokens, gen_kmax, sample_rows)
+        logits_out[: logits.size(0)].copy_(logits)
+
 
 def build_model(cfg: ModelConfig, device: torch.device | str = "cpu") -> LlamaModel:
     """A model with seeded random weights (no hub access): the same config and seed give the same model."""
