@@ -61,7 +61,8 @@ def make_trace(opts: RunOptions) -> Trace:
     if opts.trace == "synthetic":
         trace = synthetic_trace(opts.num_prompts, opts.input_len, opts.output_len, request_rate=opts.request_rate,
                                 burstiness=opts.burstiness, length_dist=opts.length_dist,
-                                range_ratio=opts.range_ratio, seed=opts.seed)
+                                range_ratio=opts.range_ratio, output_range_ratio=opts.output_range_ratio,
+                                seed=opts.seed)
     else:
         trace = load_trace(opts.trace, opts.trace_format)
     fit = Fit(start_offset_s=opts.start_offset, limit=opts.limit, time_scale=opts.time_scale,

@@ -36,6 +36,7 @@ class RunOptions:
     input_len: int = _opt(128, "synthetic: mean input length")
     output_len: int = _opt(64, "synthetic: mean output length")
     range_ratio: float = _opt(0.5, "synthetic: spread of lengths (uniform: [L(1-r), L(1+r)])")
+    output_range_ratio: float | None = _opt(None, "synthetic: spread of output lengths (default: --range-ratio)")
     length_dist: str = _opt("uniform", "synthetic: length distribution", choices=LENGTH_DISTS)
     time_scale: float = _opt(1.0, "replay: multiply inter-arrival times")
     length_scale: float = _opt(1.0, "replay: multiply lengths")

@@ -53,12 +53,13 @@ def lengths(n: int, mean: int, dist: str, ratio: float, rng: np.random.Generator
 
 def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, request_rate: float = math.inf,
                     burstiness: float = 1.0, length_dist: str = "uniform", range_ratio: float = 0.0,
-                    seed: int = 0) -> Trace:
+                    output_range_ratio: float | None = None, seed: int = 0) -> Trace:
     if num_prompts <= 0:
         raise UserError(f"--num-prompts must be positive, got {num_prompts}")
     rng = np.random.default_rng(seed)
     t = arrival_times(num_prompts, request_rate, burstiness, rng)
     n_in = lengths(num_prompts, input_len, length_dist, range_ratio, rng)
-    n_out = lengths(num_prompts, output_len, length_dist, range_ratio, rng)
+    n_out = lengths(num_prompts, output_len, length_dist,
+                    range_ratio if output_range_ratio is None else output_range_ratio, rng)
     reqs = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(t, n_in, n_out, strict=True)]
     return Trace(tuple(reqs), source="synthetic", format="synthetic")
