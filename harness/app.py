@@ -41,6 +41,7 @@ from harness.runner import StrategyRun, build_requests, run_strategy
 from harness.timeline import chrome_trace
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
+from strategies.config import ExecutorConfig
 from strategies.runtime.checkpoint import load_checkpoint
 from strategies.runtime.engine import script_model
 from strategies.runtime.model import PRESETS, build_model, resolve_model_config
@@ -71,6 +72,14 @@ def make_trace(opts: RunOptions) -> Trace:
 
 
 def load_model(opts: RunOptions) -> tuple:
+    if opts.device == "sim":  # nothing is computed: buffers are sized for a stand-in vocabulary
+        from strategies.runtime.sim.engine import proxy_config
+        from strategies.runtime.sim.specs import resolve_model_spec
+
+        try:
+            return proxy_config(resolve_model_spec(opts.model_spec)), None
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     try:
         cfg = resolve_model_config(opts.model).with_dtype(opts.dtype)
     except ValueError as exc:
@@ -81,6 +90,29 @@ def load_model(opts: RunOptions) -> tuple:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return cfg, (script_model(model) if opts.compile else model)
+
+
+def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
+    """The executor config; on the simulated device, KV capacity comes from GPU memory minus weights."""
+    executor = opts.executor_config()
+    if executor.sim is None:
+        return executor, None
+    from strategies.runtime.sim.build import cost_model
+
+    try:
+        cost = cost_model(executor)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    capacity = cost.kv_capacity_tokens()
+    if executor.kv_blocks is None:
+        blocks = capacity // executor.tokens_per_block
+        if blocks <= 0:
+            raise UserError(f"{executor.sim.model_spec} does not fit on {executor.sim.tp} x {cost.profile.gpu.name}: "
+                            f"weights {cost.weight_bytes / 1e9:.0f} GB leave no room for KV (try a larger --tp)")
+        executor = dataclasses.replace(executor, kv_blocks=blocks)
+    info = {"kv_capacity_tokens": capacity, "weight_bytes": cost.weight_bytes,
+            "kv_bytes_per_token": cost.kv_bytes_per_token, "profile": dataclasses.asdict(cost.profile)}
+    return executor, info
 
 
 def _versions() -> dict:
@@ -140,7 +172,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     if trace.skipped:
         log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
     model_cfg, model = load_model(opts)
-    executor = opts.executor_config()
+    executor, sim_info = resolve_executor(opts)
     defaults = SamplingParams(temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
                               ignore_eos=opts.ignore_eos)
     warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16))
@@ -172,7 +204,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     finally:
         # Whatever was measured is written, even when the loop above was cut short.
         summary = pd.DataFrame(rows)
-        _write_run_files(staging, opts, trace, model_cfg, summary, runs)
+        _write_run_files(staging, opts, executor, sim_info, trace, model_cfg, summary, runs)
         if report and rows:
             from reports.html import write_report
 
@@ -194,16 +226,18 @@ def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
     return summary_row(run, req_df, it_df, tokens, opts)
 
 
-def _write_run_files(staging: Path, opts: RunOptions, trace: Trace, model_cfg, summary: pd.DataFrame,
-                     runs: list[StrategyRun]) -> None:
+def _write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, sim_info: dict | None, trace: Trace,
+                     model_cfg, summary: pd.DataFrame, runs: list[StrategyRun]) -> None:
     run_json = {
         "options": dataclasses.asdict(opts),
-        "executor": opts.executor_config().to_dict(),
+        "executor": executor.to_dict(),
         "model": model_cfg.to_dict(),
         "versions": _versions(),
         "seed": opts.seed,
         "device": opts.device,
-        "host_time": "measured",  # real host code on the real clock (a simulated device would model it)
+        # measured: real host code timed on the run clock; modelled: configured costs (simulated device)
+        "host_time": executor.sim.host_time if executor.sim else "measured",
+        "sim": sim_info,
         "trace": {"source": trace.source, "format": trace.format, "sha256": trace.sha256, "requests": len(trace),
                   "skipped_failed_rows": trace.skipped, "notes": list(trace.notes)},
         "strategies": [{"name": r.name, "wall_s": r.wall_s, "warmup_s": r.warmup_s, "error": r.error,

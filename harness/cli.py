@@ -46,6 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("dirs", nargs="+", help="run or suite directories")
     rep.add_argument("--out", default="report.html")
     rep.add_argument("--baseline", default=None, help="strategy the ratios are taken against")
+    cal = sub.add_parser("calibrate", help="fit a simulated-device profile to a real run's iterations")
+    cal.add_argument("run_dir")
+    cal.add_argument("--out", default=None, help="profile file (default: RUN_DIR/device-profile.json)")
+    cal.add_argument("--gpu", default="cpu", help="datasheet whose efficiencies are fitted (default: cpu)")
     info = sub.add_parser("trace-info", help="rows, duration, rate, length percentiles, burstiness")
     info.add_argument("path")
     info.add_argument("--trace-format", default="auto")
@@ -97,6 +101,18 @@ def _cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from harness.calibrate import calibrate
+
+    run_dir = Path(args.run_dir)
+    profile, stats = calibrate(run_dir, args.gpu)
+    out = Path(args.out) if args.out else run_dir / "device-profile.json"
+    profile.save(out)
+    print(json.dumps(stats, indent=2))
+    print(f"wrote {out}")
+    return 0
+
+
 def _cmd_trace_info(args: argparse.Namespace) -> int:
     from harness.traces import load_trace, trace_info
 
@@ -125,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command is None:
         args = parser.parse_args(["run", *argv])
-    commands = {"run": _cmd_run, "suite": _cmd_suite, "report": _cmd_report, "trace-info": _cmd_trace_info}
+    commands = {"run": _cmd_run, "suite": _cmd_suite, "report": _cmd_report, "trace-info": _cmd_trace_info,
+                "calibrate": _cmd_calibrate}
     _install_sigint()
     try:
         return commands[args.command](args)

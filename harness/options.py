@@ -14,7 +14,7 @@ from typing import Any
 from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
-from strategies.config import CAPACITY_POLICIES, ExecutorConfig
+from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 
 
 def _opt(default: Any, help: str, **argparse_kw: Any) -> Any:
@@ -26,7 +26,16 @@ class RunOptions:
     strategies: tuple[str, ...] = _opt(("static", "inflight", "overlap"), "comma-separated strategies")
     model: str = _opt("small", "preset (tiny, small) or a Hugging Face checkpoint directory")
     dtype: str = _opt("float32", "model dtype", choices=("float32", "float64", "bfloat16", "float16"))
-    device: str = _opt("cpu", "cpu or cuda[:N]")
+    device: str = _opt("cpu", "cpu, cuda[:N], or sim (the simulated device: see --gpu, --model-spec)")
+    gpu: str = _opt("h200", "sim: GPU datasheet (a100, h100, h200, l40s, cpu)")
+    model_spec: str = _opt("llama-3-8b", "sim: model shapes (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny, small, "
+                                         "or a config.json directory)")
+    tp: int = _opt(1, "sim: tensor-parallel degree")
+    profile: str | None = _opt(None, "sim: calibrated device profile (from `slotbench calibrate`)")
+    host_time: str = _opt("measured", "sim: host time measured (real host code) or modelled",
+                          choices=("measured", "modelled"))
+    host_ms_per_iteration: float = _opt(0.0, "sim, modelled host time: per iteration")
+    host_us_per_request: float = _opt(0.0, "sim, modelled host time: per request in the batch")
     trace: str = _opt("synthetic", "'synthetic' or a trace file path")
     trace_format: str = _opt("auto", "replay format", choices=("auto", *FORMATS))
     num_prompts: int = _opt(200, "synthetic: number of requests")
@@ -105,13 +114,21 @@ class RunOptions:
             raise UserError(f"--profile-iters {self.profile_iters!r}: need 0 <= A <= B")
         return a, b
 
+    def sim_config(self) -> SimConfig | None:
+        if self.device != "sim":
+            return None
+        return SimConfig(gpu=self.gpu, model_spec=self.model_spec, tp=self.tp, profile=self.profile,
+                         host_time=self.host_time, host_ms_per_iteration=self.host_ms_per_iteration,
+                         host_us_per_request=self.host_us_per_request)
+
     def executor_config(self) -> ExecutorConfig:
         try:
             return ExecutorConfig(
                 max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=self.max_seq_len,
                 capacity_policy=self.capacity_policy, chunked_prefill=self.chunked_prefill,
                 tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, device=self.device,
-                device_threads=self.device_threads, compile=self.compile, instrument=self.instrument)
+                device_threads=self.device_threads, compile=self.compile, instrument=self.instrument,
+                sim=self.sim_config())
         except ValueError as exc:
             raise UserError(str(exc)) from None
 

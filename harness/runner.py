@@ -15,9 +15,8 @@ import torch
 
 from harness.source import TraceSource
 from harness.traces.trace import TraceRequest
-from strategies.base import get_strategy
+from strategies.base import get_strategy, make_clock
 from strategies.config import ExecutorConfig
-from strategies.runtime.clock import Clock
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.model import ModelConfig
 from strategies.runtime.request import Request, SamplingParams, Status
@@ -72,7 +71,7 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
         finally:
             w.close()
         warmup_s = time.perf_counter() - t
-    clock = Clock()
+    clock = make_clock(config)
     strategy = cls(model_cfg, model, config, clock)
     if fault_at_iteration is not None:
         strategy.inject_fault(fault_at_iteration)

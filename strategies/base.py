@@ -61,7 +61,7 @@ class Executor(ABC):
         self.model_cfg = model_cfg
         self.model = model
         self.config = config
-        self.clock = clock or Clock()
+        self.clock = clock or make_clock(config)
         self.records: list[IterationRecord] = []
         self.source: RequestSource | None = None
         self.iteration_hook: Callable[[int], None] | None = None  # called as each iteration starts
@@ -111,10 +111,16 @@ class Strategy(Executor):
                  clock: Clock | None = None) -> None:
         super().__init__(model_cfg, model, config, clock)
         self.nvtx = Nvtx(config.instrument)
-        self.stream = make_stream(config.device, self.clock, self.nvtx, config.device_threads)
-        self.engine = Engine(model_cfg, model, self.stream, num_slots=config.max_batch_size,
-                             max_seq_len=config.max_seq_len, max_tokens=self.max_tokens_per_step(),
-                             max_batch=config.max_batch_size, num_buffer_sets=self.num_buffer_sets)
+        sizes = {"num_slots": config.max_batch_size, "max_seq_len": config.max_seq_len,
+                 "max_tokens": self.max_tokens_per_step(), "max_batch": config.max_batch_size,
+                 "num_buffer_sets": self.num_buffer_sets}
+        if config.device == "sim":
+            from strategies.runtime.sim.build import sim_engine
+
+            self.stream, self.engine = sim_engine(model_cfg, config, self.clock, self.nvtx, sizes)
+        else:
+            self.stream = make_stream(config.device, self.clock, self.nvtx, config.device_threads)
+            self.engine = Engine(model_cfg, model, self.stream, **sizes)
         self.slots = SlotManager(config.max_batch_size)
         self.kv = KVCacheManager(config.tokens_per_block, config.total_kv_blocks)
         self.waiting: deque[Request] = deque()
@@ -204,6 +210,7 @@ class Strategy(Executor):
         try:
             yield
         finally:
+            self.clock.charge_host(name, len(self.running))
             setattr(rec, f"{name}_start_s", start)
             setattr(rec, f"{name}_end_s", self.clock.now())
             self.nvtx.pop()
@@ -218,6 +225,8 @@ class Strategy(Executor):
         rec.num_generation_requests = len(batch.generation)
         rec.num_tokens = batch.num_tokens
         rec.num_padding_tokens = batch.num_padding_tokens
+        work = batch.work()
+        rec.kv_read_tokens, rec.attention_pairs = work.kv_read_tokens, work.attention_pairs
         rec.active_slots = self.slots.num_used
         rec.waiting_requests = len(self.waiting)
         rec.kv_blocks_used = self.kv.blocks_in_use
@@ -265,6 +274,17 @@ class Strategy(Executor):
         r.end(Status.FINISHED, reason)
         assert self.source is not None
         self.source.on_finished(r)
+
+
+def make_clock(config: ExecutorConfig) -> Clock:
+    """The run clock: wall time, or the simulated device's virtual time."""
+    if config.device == "sim":
+        from strategies.runtime.sim.device import VirtualClock
+
+        sim = config.sim
+        assert sim is not None
+        return VirtualClock(sim.host_time, sim.host_ms_per_iteration / 1e3, sim.host_us_per_request / 1e6)
+    return Clock()
 
 
 _REGISTRY: dict[str, type[Executor]] = {}

@@ -23,6 +23,16 @@ class GenerationStep:
     padding: bool = False  # static: the request already finished; the row is computed and discarded
 
 
+@dataclass(frozen=True, slots=True)
+class BatchWork:
+    """What a forward computes, in the units a cost model needs (padding included: it is real work)."""
+
+    tokens: int  # tokens through the linear layers
+    samples: int  # rows through the LM head and the sampler
+    kv_read_tokens: int  # KV entries attention reads: each chunk's and row's whole context
+    attention_pairs: int  # (query, key) pairs attention scores, causal masking included
+
+
 @dataclass(slots=True)
 class ScheduledBatch:
     iteration: int
@@ -47,6 +57,18 @@ class ScheduledBatch:
     def sampled_requests(self) -> list[Request]:
         """Requests in the order of the step's output rows."""
         return [c.request for c in self.context if c.samples] + [g.request for g in self.generation]
+
+    def work(self) -> BatchWork:
+        kv = pairs = 0
+        for c in self.context:
+            n, end = c.length + c.padding, c.start + c.length + c.padding
+            kv += end
+            pairs += n * c.start + n * (n + 1) // 2
+        for g in self.generation:
+            kv += g.position + 1
+            pairs += g.position + 1
+        samples = sum(1 for c in self.context if c.samples) + len(self.generation)
+        return BatchWork(self.num_tokens, samples, kv, pairs)
 
     def __bool__(self) -> bool:
         return bool(self.context or self.generation)

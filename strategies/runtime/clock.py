@@ -16,6 +16,9 @@ class Clock:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def charge_host(self, phase: str, requests: int) -> None:
+        """A host phase ended. Real clocks have already counted it; a modelled one adds its cost."""
+
     def sleep_until(self, t: float) -> None:
         """Idle until ``t`` (never spins); returns at once if ``t`` has passed."""
         delay = t - self.now()

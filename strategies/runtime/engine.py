@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.batch import BatchWork, ScheduledBatch
 from strategies.runtime.decoder_state import DecoderState
 from strategies.runtime.device import DeviceStream, DeviceWork
 from strategies.runtime.kv_cache import KVCacheStorage
@@ -29,6 +29,7 @@ class BufferSet:
         self.index = index
         self.runtime = runtime
         self.step = step
+        self.work: BatchWork | None = None  # the batch's size in cost-model units (simulated device)
 
 
 def script_model(model: LlamaModel) -> torch.nn.Module:
@@ -48,7 +49,9 @@ class Engine:
         self.model = model
         self.stream = stream
         self.max_seq_len = max_seq_len
-        self.kv = KVCacheStorage(cfg, num_slots, max_seq_len, stream.device)
+        self.kv = self._kv_storage(num_slots, max_seq_len)
+        empty = torch.empty(0, device=stream.device)
+        self._k, self._v = (self.kv.k, self.kv.v) if self.kv is not None else (empty, empty)
         self.state = DecoderState(num_slots, MAX_STOP_IDS, stream.device)
         self.buffer_sets = [
             BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, cfg.vocab_size, stream,
@@ -57,6 +60,9 @@ class Engine:
             for i in range(num_buffer_sets)
         ]
         self.fault_at_iteration: int | None = None  # test hook: the device step raises at this iteration
+
+    def _kv_storage(self, num_slots: int, max_seq_len: int) -> KVCacheStorage | None:
+        return KVCacheStorage(self.cfg, num_slots, max_seq_len, self.stream.device)
 
     def prepare(self, batch: ScheduledBatch, bufs: BufferSet) -> None:
         """Host side: write the batch into the set's host buffers."""
@@ -85,7 +91,7 @@ class Engine:
             self.state.admit(a[:, 0], a[:, 1:], io.dev_admit_f[:io.num_admit])
         n = rb.num_tokens
         # Generation inputs come from the decoder state on the device, never from the host.
-        self.model.step(rb.dev[0, :n], rb.dev[1, :n], rb.dev[2, :n], self.kv.k, self.kv.v, rb.ctx_starts,
+        self.model.step(rb.dev[0, :n], rb.dev[1, :n], rb.dev[2, :n], self._k, self._v, rb.ctx_starts,
                         rb.ctx_lens, rb.ctx_slots, rb.ctx_pos0, rb.num_ctx_tokens, rb.gen_kmax,
                         rb.dev_rows[:rb.num_samples], self.state.last_token, rb.logits)
 

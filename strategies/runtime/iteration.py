@@ -31,6 +31,8 @@ class IterationRecord:
     num_tokens: int = 0  # tokens computed, padding included
     num_padding_tokens: int = 0  # computed for nothing: static's pad tokens and finished rows
     num_samples: int = 0  # rows sampled (tokens produced, before discards)
+    kv_read_tokens: int = 0  # KV entries attention reads (each request's whole context)
+    attention_pairs: int = 0  # (query, key) pairs scored by attention
     # Executor state when the step was scheduled.
     active_slots: int = 0
     waiting_requests: int = 0

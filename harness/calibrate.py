@@ -1,0 +1,118 @@
+"""``slotbench calibrate RUN_DIR``: fit a device profile to a real run's iterations.
+
+Each iteration's device time (forward start → sample end) is modelled from the cost model's FLOPs and
+bytes for the batch it computed, two ways: the roofline max(FLOPs / (peak × eff_flops), bytes /
+(bandwidth × eff_bw)) + overhead — eff_* by least squares over a log grid refined once, overhead the mean
+residual — and the additive FLOPs × a + bytes × b + overhead by linear least squares. The better fit
+wins. Launch and sync latencies are the medians the records show.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import UserError
+from strategies.runtime.batch import BatchWork
+from strategies.runtime.model import ModelConfig
+from strategies.runtime.sim.cost import CostModel, DeviceProfile
+
+
+def _features(cost: CostModel, it: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    flops, nbytes = [], []
+    for r in it.itertuples(index=False):
+        c = cost.cost(BatchWork(int(r.num_tokens), int(r.num_samples), int(r.kv_read_tokens),
+                                int(r.attention_pairs)))
+        flops.append(c.flops)
+        nbytes.append(c.bytes)
+    return np.array(flops), np.array(nbytes)
+
+
+def _fit(y: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, rows: np.ndarray, peak: float, bw: float,
+         ef_grid: np.ndarray, eb_grid: np.ndarray) -> tuple[float, float, float, float, float]:
+    """Roofline + overhead + per-row cost: the grid picks the efficiencies, least squares the rest."""
+    ef, eb = np.meshgrid(ef_grid, eb_grid, indexing="ij")
+    ef, eb = ef.ravel()[:, None], eb.ravel()[:, None]  # [G, 1]
+    pred = np.maximum(flops[None] / (peak * ef), nbytes[None] / (bw * eb))  # [G, N]
+    x = np.c_[np.ones_like(y), rows]  # [N, 2]
+    beta = (y[None] - pred) @ np.linalg.pinv(x).T  # [G, 2]: overhead, per-row cost
+    beta = np.maximum(beta, 0.0)
+    sse = ((pred + beta @ x.T - y[None]) ** 2).sum(axis=1)
+    best = int(np.argmin(sse))
+    return float(ef[best, 0]), float(eb[best, 0]), float(beta[best, 0]), float(beta[best, 1]), float(sse[best])
+
+
+def _fit_sum(y: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, rows: np.ndarray, peak: float,
+             bw: float) -> tuple[float, float, float, float, float] | None:
+    """y ≈ a·FLOPs + b·bytes + c + d·rows with every coefficient >= 0 and sane efficiencies, else None."""
+    x = np.c_[flops, nbytes, np.ones_like(y), rows]
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    a, b, c, d = coef
+    if a <= 0 or b <= 0 or c < 0 or d < 0:
+        return None
+    ef, eb = 1 / (a * peak), 1 / (b * bw)
+    if not (0 < ef <= 1.5 and 0 < eb <= 1.5):
+        return None
+    sse = float(((x @ coef - y) ** 2).sum())
+    return float(ef), float(eb), float(c), float(d), sse
+
+
+def _latencies(frames: list[pd.DataFrame]) -> tuple[float, float]:
+    """Medians, per strategy's records: device start after max(launch, previous end); host seeing a
+    finished step it was blocked on (postprocess start after the device's end)."""
+    launch, sync = [], []
+    for it in frames:
+        it = it.dropna(subset=["forward_start_s", "sample_end_s", "launch_s"])
+        ready = np.maximum(it["launch_s"].to_numpy(), it["sample_end_s"].shift(1).fillna(0).to_numpy())
+        launch.append(it["forward_start_s"].to_numpy() - ready)
+        blocked = it[it["wait_s"] > 0]
+        sync.append((blocked["postprocess_start_s"] - blocked["sample_end_s"]).to_numpy())
+    med = [float(np.median(np.concatenate(x))) if any(len(a) for a in x) else 0.0 for x in (launch, sync)]
+    return max(med[0], 0.0), max(med[1], 0.0)
+
+
+def calibrate(run_dir: Path, gpu: str = "cpu") -> tuple[DeviceProfile, dict]:
+    try:
+        meta = json.loads((run_dir / "run.json").read_text())
+    except OSError:
+        raise UserError(f"{run_dir}: not a run directory (no run.json)") from None
+    if meta.get("device") == "sim":
+        raise UserError(f"{run_dir}: a simulated run; calibrate on a real one")
+    spec = ModelConfig(**meta["model"])
+    base = DeviceProfile.for_gpu(gpu)
+    cost = CostModel(spec, base, 1)
+    frames = [pd.read_parquet(p) for p in sorted(run_dir.glob("*/iterations.parquet"))]
+    it = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    it = it.dropna(subset=["forward_start_s", "sample_end_s"])
+    if len(it) < 10:
+        raise UserError(f"{run_dir}: too few complete iterations to calibrate ({len(it)})")
+    y = (it["sample_end_s"] - it["forward_start_s"]).to_numpy()
+    flops, nbytes = _features(cost, it)
+    rows = it["num_samples"].to_numpy(dtype=float)
+    grid = np.geomspace(1e-4, 1.5, 60)
+    peak, bw = base.gpu.peak_flops, base.gpu.mem_bw
+    ef, eb, *_ = _fit(y, flops, nbytes, rows, peak, bw, grid, grid)
+    ef, eb, overhead, per_row, sse = _fit(y, flops, nbytes, rows, peak, bw,
+                                          np.geomspace(ef / 1.3, min(ef * 1.3, 1.5), 31),
+                                          np.geomspace(eb / 1.3, min(eb * 1.3, 1.5), 31))
+    combine = "max"
+    additive = _fit_sum(y, flops, nbytes, rows, peak, bw)
+    if additive is not None and additive[4] < sse:
+        ef, eb, overhead, per_row, sse = additive
+        combine = "sum"
+    launch, sync = _latencies(frames)
+    profile = base.with_fit(eff_flops=ef, eff_bw=eb, overhead_s=overhead, row_overhead_s=per_row,
+                            launch_latency_s=launch,
+                            sync_latency_s=sync, combine=combine, source=str(run_dir))
+    fitted = CostModel(spec, profile, 1)
+    pred = np.array([fitted.step_time(BatchWork(int(r.num_tokens), int(r.num_samples), int(r.kv_read_tokens),
+                                                int(r.attention_pairs))) for r in it.itertuples(index=False)])
+    stats = {"iterations": len(it), "combine": combine, "eff_flops": ef, "eff_bw": eb, "overhead_ms": overhead * 1e3,
+             "row_overhead_ms": per_row * 1e3,
+             "launch_latency_ms": launch * 1e3, "sync_latency_ms": sync * 1e3,
+             "mape": float(np.mean(np.abs(pred - y) / y)), "total_error": float(pred.sum() / y.sum() - 1),
+             "r2": float(1 - sse / ((y - y.mean()) ** 2).sum())}
+    return profile, stats

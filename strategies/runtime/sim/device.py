@@ -1,0 +1,101 @@
+"""A virtual clock and a device stream that runs device pieces instantly and stamps modelled times.
+
+Host time is either *measured* — the clock flows with real time while host code runs — or *modelled* —
+each host phase adds a configured cost. Device time is the cost model's. The device is busy from
+max(launch time, end of the previous step) for the predicted duration, so under overlap the host's
+work for step n+1 falls inside device step n exactly as on a GPU. Waiting for a step moves the clock to
+its end; an idle executor's sleep until the next arrival is a jump, not a wait.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+from strategies.runtime.clock import Clock
+from strategies.runtime.device import DeviceStream, DeviceWork, Piece
+from strategies.runtime.tracing import Nvtx
+
+
+class VirtualClock(Clock):
+    def __init__(self, host_time: str = "measured", host_s_per_iteration: float = 0.0,
+                 host_s_per_request: float = 0.0) -> None:
+        if host_time not in ("measured", "modelled"):
+            raise ValueError(f"--host-time {host_time!r}: expected measured or modelled")
+        self.host_time = host_time
+        self.host_s_per_iteration = host_s_per_iteration
+        self.host_s_per_request = host_s_per_request
+        super().__init__()
+        self.reset()
+
+    def reset(self) -> None:
+        self.t0 = time.perf_counter()
+        self._virtual = 0.0
+        self._anchor = self.t0
+
+    def now(self) -> float:
+        if self.host_time == "measured":
+            return self._virtual + (time.perf_counter() - self._anchor)
+        return self._virtual
+
+    def advance_to(self, t: float) -> None:
+        if t > self.now():
+            self._virtual, self._anchor = t, time.perf_counter()
+
+    def sleep_until(self, t: float) -> None:
+        self.advance_to(t)
+
+    @contextmanager
+    def frozen(self) -> Iterator[None]:
+        """Real time spent inside does not pass on the virtual clock (the simulated device's own work)."""
+        t = self.now()
+        try:
+            yield
+        finally:
+            self._virtual, self._anchor = t, time.perf_counter()
+
+    def charge_host(self, phase: str, requests: int) -> None:
+        if self.host_time == "modelled":
+            self._virtual += self.host_s_per_iteration / 3 + self.host_s_per_request * requests
+
+
+class SimStream(DeviceStream):
+    def __init__(self, clock: VirtualClock, nvtx: Nvtx, launch_latency_s: float = 0.0,
+                 sync_latency_s: float = 0.0) -> None:
+        super().__init__(clock, nvtx)
+        self.device = torch.device("cpu")
+        self.clock: VirtualClock = clock
+        self.launch_latency_s = launch_latency_s
+        self.sync_latency_s = sync_latency_s
+        self._free_at = 0.0
+
+    def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None) -> DeviceWork:
+        work = DeviceWork(iteration)
+        start = max(self.clock.now(), self._free_at) + self.launch_latency_s
+        try:
+            with self.clock.frozen(), torch.inference_mode():
+                for _, fn in pieces:
+                    fn()
+        except BaseException as exc:
+            work.error = exc
+        t = start
+        for name, _ in pieces:
+            d = (durations or {}).get(name, 0.0)
+            work.times[name] = (t, t + d)
+            t += d
+        self._free_at = t
+        work._finish()
+        return work
+
+    def wait(self, work: DeviceWork) -> float:
+        if work.error is not None:
+            raise work.error
+        end = max(t for _, t in work.times.values())
+        now = self.clock.now()
+        if end <= now:  # already done: nothing to wait for, nobody to wake
+            return 0.0
+        self.clock.advance_to(end + self.sync_latency_s)
+        return end + self.sync_latency_s - now

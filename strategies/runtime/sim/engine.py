@@ -1,0 +1,56 @@
+"""The engine on the simulated device: real buffers, decoder state and sampler; a stand-in forward."""
+
+from __future__ import annotations
+
+import torch
+
+from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.device import DeviceWork
+from strategies.runtime.engine import BufferSet, Engine
+from strategies.runtime.model import ModelConfig
+from strategies.runtime.sim.cost import CostModel
+
+SIM_VOCAB = 512
+SAMPLE_FRACTION = 0.02  # share of a step's time shown as "sample" in the records
+
+
+def proxy_config(spec: ModelConfig) -> ModelConfig:
+    """What the host-side buffers are sized for: a small vocabulary, the spec's context length."""
+    return ModelConfig(vocab_size=SIM_VOCAB, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+                       num_key_value_heads=1, intermediate_size=8,
+                       max_position_embeddings=spec.max_position_embeddings, eos_token_id=2)
+
+
+class SimModel(torch.nn.Module):
+    """Deterministic, cheap logits: a peak at a hash of (input token, position). No KV is kept."""
+
+    def step(self, token_ids: torch.Tensor, positions: torch.Tensor, token_slots: torch.Tensor,
+             k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+             ctx_slots: list[int], ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int,
+             sample_rows: torch.Tensor, last_token: torch.Tensor, logits_out: torch.Tensor) -> None:
+        if token_ids.size(0) > num_ctx_tokens:
+            token_ids[num_ctx_tokens:] = last_token[token_slots[num_ctx_tokens:]]
+        b = sample_rows.size(0)
+        peak = (token_ids[sample_rows] * 1103 + positions[sample_rows] * 2654435 + 12345) % logits_out.size(1)  # [B]
+        out = logits_out[:b]
+        out.zero_()
+        out.scatter_(1, peak.unsqueeze(1), 8.0)
+
+
+class SimEngine(Engine):
+    def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, **kwargs) -> None:
+        self.cost_model = cost
+        super().__init__(cfg, SimModel(), stream, **kwargs)
+
+    def _kv_storage(self, num_slots: int, max_seq_len: int):
+        return None  # nothing to store: the forward is not computed
+
+    def prepare(self, batch: ScheduledBatch, bufs: BufferSet) -> None:
+        super().prepare(batch, bufs)
+        bufs.work = batch.work()
+
+    def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
+        total = self.cost_model.step_time(bufs.work)
+        durations = {"forward": total * (1 - SAMPLE_FRACTION), "sample": total * SAMPLE_FRACTION}
+        return self.stream.enqueue(iteration, [("forward", lambda: self._forward(iteration, bufs)),
+                                               ("sample", lambda: self._sample(bufs))], durations)

@@ -1,0 +1,52 @@
+"""Model shapes and GPU datasheet figures for the simulated device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from strategies.runtime.model import PRESETS, ModelConfig, resolve_model_config
+
+# Shapes as published in each model's Hugging Face config.json (bf16 weights).
+MODEL_SPECS: dict[str, ModelConfig] = {
+    "llama-3-8b": ModelConfig(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                              num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0,
+                              max_position_embeddings=8192, eos_token_id=128001, dtype="bfloat16"),
+    "llama-3-70b": ModelConfig(vocab_size=128256, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
+                               num_key_value_heads=8, intermediate_size=28672, rope_theta=500000.0,
+                               max_position_embeddings=8192, eos_token_id=128001, dtype="bfloat16"),
+    "qwen2.5-7b": ModelConfig(vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                              num_key_value_heads=4, intermediate_size=18944, rope_theta=1000000.0,
+                              max_position_embeddings=32768, eos_token_id=151645, dtype="bfloat16"),
+}
+
+
+def resolve_model_spec(name_or_path: str) -> ModelConfig:
+    """A spec preset, a slotbench preset (tiny, small), or a directory with a Hugging Face config.json."""
+    if name_or_path in MODEL_SPECS:
+        return MODEL_SPECS[name_or_path]
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    try:
+        return resolve_model_config(name_or_path)
+    except ValueError:
+        raise ValueError(f"--model-spec {name_or_path!r}: expected one of "
+                         f"{', '.join([*MODEL_SPECS, *PRESETS])} or a directory with config.json") from None
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    name: str
+    peak_flops: float  # dense bf16 FLOP/s (for "cpu": a nominal figure that calibration scales)
+    mem_bw: float  # bytes/s
+    mem_bytes: float  # device memory
+    link_bw: float  # bytes/s per direction between GPUs (NVLink; PCIe for L40S)
+
+
+GPUS: dict[str, GpuSpec] = {
+    "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9),
+    "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9),
+    "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9),
+    "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9),
+    # This machine's CPU as a "device": nominal figures; `slotbench calibrate` fits the efficiencies.
+    "cpu": GpuSpec("cpu", 100e9, 20e9, 24e9, float("inf")),
+}
