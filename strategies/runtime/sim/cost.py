@@ -2,9 +2,10 @@
 
 FLOPs: linear layers 2 × params × tokens (the LM head only for sampled rows) plus attention
 4 × layers × hidden × (query, key) pairs. Bytes: the weights once per step, every KV entry attention
-reads, and the KV written. Step time = max(FLOPs / (peak × eff_flops), bytes / (bandwidth × eff_bw)) +
-a fixed overhead (or the sum of the two terms, for a device where they do not overlap). Tensor parallelism divides FLOPs and bytes by ``tp`` and adds two ring all-reduces per
-layer. A device profile (efficiencies and overhead) can be fitted to a real run by ``slotbench calibrate``.
+reads, and the KV written. Step time = max(FLOPs / (peak × eff_flops), bytes / (bandwidth × eff_bw))
++ a fixed overhead + a per-row cost (or the sum of the two terms, for a device where they do not
+overlap). Tensor parallelism divides FLOPs and bytes by ``tp`` and adds two ring all-reduces per
+layer. A device profile (efficiencies, overheads) can be fitted to a real run by ``slotbench calibrate``.
 """
 
 from __future__ import annotations
