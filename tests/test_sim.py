@@ -1,0 +1,139 @@
+"""The simulated device: cost-model orders of magnitude, capacity, virtual time, calibration fidelity."""
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+
+from harness.runner import build_requests, run_strategy
+from harness.traces.trace import TraceRequest
+from strategies.config import ExecutorConfig, SimConfig
+from strategies.runtime.batch import BatchWork
+from strategies.runtime.request import SamplingParams
+from strategies.runtime.sim.cost import CostModel, DeviceProfile
+from strategies.runtime.sim.engine import proxy_config
+from strategies.runtime.sim.specs import GPUS, MODEL_SPECS
+
+
+def decode(rows: int, context: int = 512) -> BatchWork:
+    return BatchWork(tokens=rows, samples=rows, kv_read_tokens=rows * context, attention_pairs=rows * context)
+
+
+def test_decode_is_memory_bound_small_and_compute_bound_large():
+    cm = CostModel(MODEL_SPECS["llama-3-8b"], DeviceProfile.for_gpu("h100"))
+    p = cm.profile
+
+    def compute_over_memory(rows):
+        c = cm.cost(decode(rows))
+        return (c.flops / (p.gpu.peak_flops * p.eff_flops)) / (c.bytes / (p.gpu.mem_bw * p.eff_bw))
+
+    ratios = [compute_over_memory(b) for b in (1, 8, 64, 256, 1024)]
+    assert ratios == sorted(ratios)
+    assert ratios[0] < 0.02  # batch 1: weights dominate
+    assert ratios[-1] > 0.5  # approaching the compute roof
+    # and per-token cost falls steeply with batch while memory-bound
+    assert cm.step_time(decode(64)) < 2 * cm.step_time(decode(1))
+
+
+def test_doubling_bandwidth_roughly_halves_small_batch_decode():
+    base = DeviceProfile.for_gpu("h100")
+    fast = replace(base, gpu=replace(base.gpu, mem_bw=2 * base.gpu.mem_bw))
+    spec = MODEL_SPECS["llama-3-70b"]
+    t1 = CostModel(spec, base, tp=4).step_time(decode(4))
+    t2 = CostModel(spec, fast, tp=4).step_time(decode(4))
+    assert 0.45 < t2 / t1 < 0.6
+
+
+def test_tensor_parallel_speeds_up_but_adds_communication():
+    spec, prof = MODEL_SPECS["llama-3-70b"], DeviceProfile.for_gpu("h200")
+    t2, t4 = CostModel(spec, prof, tp=2).step_time(decode(32)), CostModel(spec, prof, tp=4).step_time(decode(32))
+    assert 0.5 < t4 / t2 < 0.65
+    assert CostModel(spec, prof, tp=4).cost(decode(32)).allreduce_s > 0
+
+
+def sim_run(spec, rows, *, strategy="inflight", tp=1, gpu="h200", max_batch=256, max_seq=8192, host_time="measured",
+            host_ms=0.0, arrivals=None):
+    sim = SimConfig(gpu=gpu, model_spec=spec, tp=tp, host_time=host_time, host_ms_per_iteration=host_ms)
+    cm = CostModel(MODEL_SPECS[spec], DeviceProfile.for_gpu(gpu), tp)
+    cfg = ExecutorConfig(device="sim", sim=sim, max_batch_size=max_batch, max_seq_len=max_seq,
+                         max_num_tokens=16384, kv_blocks=cm.kv_capacity_tokens() // 16)
+    trace = [TraceRequest(arrivals[i] if arrivals else 0.0, n_in, n_out) for i, (n_in, n_out) in enumerate(rows)]
+    mcfg = proxy_config(MODEL_SPECS[spec])
+    reqs = build_requests(trace, SamplingParams(ignore_eos=True), mcfg.vocab_size, 0)
+    return run_strategy(strategy, mcfg, None, cfg, reqs)
+
+
+def test_bigger_model_admits_fewer_concurrent_requests():
+    rows = [(3584, 512)] * 300  # reserves 4096 tokens of KV each
+    small = sim_run("llama-3-8b", rows, tp=2)
+    big = sim_run("llama-3-70b", rows, tp=2)
+    peak_small = max(r.active_slots for r in small.records)
+    peak_big = max(r.active_slots for r in big.records)
+    cap = CostModel(MODEL_SPECS["llama-3-70b"], DeviceProfile.for_gpu("h200"), 2).kv_capacity_tokens()
+    assert peak_small == 256  # bound by slots, not memory
+    assert peak_big == cap // 4096 < 100  # bound by what fits after 141 GB of weights
+    assert all(r.num_output_tokens == 512 for r in big.requests)
+
+
+def test_virtual_time_and_overlap_on_the_simulated_device():
+    rows = [(256, 128)] * 64
+    t = time.perf_counter()
+    runs = {s: sim_run("llama-3-70b", rows, strategy=s, tp=4) for s in ("inflight", "overlap")}
+    assert time.perf_counter() - t < 30
+    for _name, run in runs.items():
+        assert run.error is None and all(r.num_output_tokens == 128 for r in run.requests)
+        recs = run.records
+        # device steps never overlap each other and take the modelled time
+        assert all(b.forward_start_s >= a.sample_end_s - 1e-12 for a, b in itertools.pairwise(recs))
+        # virtual time: ~128 decode steps of 70B at ~10 ms, far longer than the wall time it took
+        assert run.wall_s > 1.0
+    ov = runs["overlap"].records
+    inside = sum(1 for a, b in itertools.pairwise(ov) if a.forward_start_s <= b.schedule_start_s < a.sample_end_s)
+    assert inside > len(ov) * 0.8  # host work of n+1 inside device step n
+    assert all(r.waited_before_next_launch == 0 for r in ov[:-1])
+
+
+def test_modelled_host_time_is_charged_per_phase():
+    run = sim_run("llama-3-8b", [(64, 16)] * 8, host_time="modelled", host_ms=3.0)
+    rec = run.records[5]
+    phases = ("schedule", "prepare", "postprocess")
+    total = sum(getattr(rec, f"{p}_end_s") - getattr(rec, f"{p}_start_s") for p in phases)
+    assert total == pytest.approx(3e-3, rel=1e-6)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_model_that_does_not_fit_is_a_clear_error(tmp_path):
+    p = cli("run", "--device", "sim", "--model-spec", "llama-3-70b", "--gpu", "h100", "--tp", "1",
+            "--out", str(tmp_path / "x"), "--no-progress")
+    assert p.returncode == 2 and "does not fit on 1 x h100" in p.stderr
+    p = cli("run", "--device", "sim", "--gpu", "tpu-v9", "--out", str(tmp_path / "y"), "--no-progress")
+    assert p.returncode == 2 and "--gpu 'tpu-v9'" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert set(GPUS) >= {"a100", "h100", "h200", "l40s"}
+
+
+def test_calibrated_simulation_tracks_the_real_run_on_tiny(tmp_path):
+    """Fidelity (looser than the benchmark's 10% on `small`): calibrate on a real tiny run, simulate it."""
+    common = ["--num-prompts", "150", "--request-rate", "120", "--input-len", "64", "--output-len", "32",
+              "--range-ratio", "0.5", "--max-batch-size", "16", "--ignore-eos", "--seed", "2", "--no-progress"]
+    real, sim = tmp_path / "real", tmp_path / "sim"
+    assert cli("run", "--model", "tiny", *common, "--out", str(real)).returncode == 0
+    p = cli("calibrate", str(real))
+    assert p.returncode == 0, p.stderr
+    assert (real / "device-profile.json").is_file()
+    p = cli("run", "--device", "sim", "--profile", str(real / "device-profile.json"), "--model-spec", "tiny",
+            *common, "--warmup", "0", "--out", str(sim))
+    assert p.returncode == 0, p.stderr
+    assert json.loads((sim / "run.json").read_text())["host_time"] == "measured"
+    a = pd.read_csv(real / "summary.csv").set_index("strategy")
+    b = pd.read_csv(sim / "summary.csv").set_index("strategy")
+    for s in ("static", "inflight", "overlap"):
+        for metric in ("output_throughput", "median_tpot_ms"):
+            assert b.loc[s, metric] == pytest.approx(a.loc[s, metric], rel=0.35), (s, metric)
