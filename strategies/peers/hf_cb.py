@@ -32,20 +32,14 @@ class HFContinuousBatchingExecutor(PeerExecutor):
         outstanding: dict[str, Request] = {}
         try:
             while True:
-                for r in source.poll(self.clock.now()):
-                    reason = self.rejection(r)
-                    if reason is not None:
-                        self._reject(r, reason)
-                        continue
+                for r in self.arrivals(source):
                     outstanding[r.request_id] = r
                     manager.add_request(r.prompt_token_ids.tolist(), request_id=r.request_id,
                                         max_new_tokens=r.max_new_tokens, record_timestamps=True,
                                         eos_token_id=self.eos_for(r))
                 if not outstanding:
-                    nxt = source.next_arrival_s()
-                    if nxt is None:
+                    if not self.idle_until_arrival(source):
                         return
-                    self.clock.sleep_until(nxt)
                     continue
                 nxt = source.next_arrival_s()
                 wait = POLL_S if nxt is None else min(POLL_S, max(nxt - self.clock.now(), 0.0))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from strategies.base import Executor
+from strategies.base import Executor, RequestSource
 from strategies.runtime.model import ModelConfig
 from strategies.runtime.request import Request
 
@@ -41,6 +41,25 @@ class PeerExecutor(Executor):
         if r.sampling.stop_token_ids:
             return f"{self.name} takes no per-request stop ids"
         return super().rejection(r)
+
+    def arrivals(self, source: RequestSource) -> list[Request]:
+        """Requests that arrived since the last call and can be served; the others are rejected."""
+        accepted = []
+        for r in source.poll(self.clock.now()):
+            reason = self.rejection(r)
+            if reason is None:
+                accepted.append(r)
+            else:
+                self._reject(r, reason)
+        return accepted
+
+    def idle_until_arrival(self, source: RequestSource) -> bool:
+        """Nothing in flight: sleep until the next arrival; False when none will come."""
+        nxt = source.next_arrival_s()
+        if nxt is None:
+            return False
+        self.clock.sleep_until(nxt)
+        return True
 
     def eos_for(self, r: Request) -> int:
         return -1 if r.sampling.ignore_eos else self.model_cfg.eos_token_id

@@ -40,17 +40,10 @@ class HFStaticExecutor(PeerExecutor):
         waiting: list[Request] = []
         iteration = 0
         while True:
-            for r in source.poll(self.clock.now()):
-                reason = self.rejection(r)
-                if reason is None:
-                    waiting.append(r)
-                else:
-                    self._reject(r, reason)
+            waiting += self.arrivals(source)
             if not waiting:
-                nxt = source.next_arrival_s()
-                if nxt is None:
+                if not self.idle_until_arrival(source):
                     return
-                self.clock.sleep_until(nxt)
                 continue
             batch, waiting = waiting[: self.config.max_batch_size], waiting[self.config.max_batch_size:]
             self._generate(iteration, batch)
