@@ -82,6 +82,9 @@ class RunOptions:
         unknown = [s for s in self.strategies if s not in strategy_names()]
         if unknown:
             raise UserError(f"unknown strategy {unknown[0]!r}; valid: {', '.join(strategy_names())}")
+        peers = [s for s in self.strategies if s.startswith("hf-")]
+        if peers and self.device != "cpu":
+            raise UserError(f"{peers[0]} runs transformers on the CPU only (--device {self.device})")
         for name in ("num_prompts", "input_len", "output_len"):
             if getattr(self, name) <= 0:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")

@@ -187,11 +187,12 @@ class Strategy(Executor):
         self.clock.sleep_until(nxt)
 
     # --- slots and KV ---------------------------------------------------------------------------
-    def _admit(self, r: Request, blocks_for_tokens: int) -> None:
+    def _admit(self, r: Request, reserve_tokens: int) -> None:
+        """Give ``r`` a slot and KV blocks for ``reserve_tokens`` tokens."""
         slot = self.slots.acquire(r.request_id)
         r.admit(slot, self._admissions)
         self._admissions += 1
-        self.kv.grow(r.request_id, blocks_for_tokens)
+        self.kv.grow(r.request_id, reserve_tokens)
         self.running.append(r)
 
     def _release(self, r: Request) -> None:

@@ -110,6 +110,7 @@ def test_refuses_to_overwrite_without_force(run_dir):
     (["--trace-format", "parquet"], "invalid choice"),
     (["--model", "gpt-17"], "not a preset"),
     (["--request-rate", "abc"], "invalid float value"),
+    (["--strategies", "inflight,hf-cb", "--device", "sim"], "hf-cb runs transformers on the CPU only"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):
     p = slotbench("run", *TINY, "--out", str(tmp_path / "x"), *args)
