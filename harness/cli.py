@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", parser_class=_Parser)
     run = sub.add_parser("run", help="run strategies over a trace and write a run directory")
     add_run_arguments(run)
-    run.add_argument("--out", default="runs/latest", help="run directory (default: runs/latest)")
+    run.add_argument("--out", default=None, help="run directory (default: a new runs/run-YYYYmmdd-HHMMSS)")
     run.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     suite = sub.add_parser("suite", help="several runs from a TOML file, one combined output")
@@ -73,7 +74,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if os.environ.get("SLOTBENCH_INJECT_FAULT"):  # test hook: STRATEGY:ITERATION raises in the engine there
         name, _, it = os.environ["SLOTBENCH_INJECT_FAULT"].partition(":")
         fault = (name, int(it))
-    outcome = execute(opts, Path(args.out), force=args.force, progress=not args.no_progress, fault=fault)
+    out = Path(args.out) if args.out else Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+    outcome = execute(opts, out, force=args.force, progress=not args.no_progress, fault=fault)
     print_summary(outcome.summary)
     print(f"wrote {outcome.out}/ (report: {outcome.out / 'report.html'})")
     return outcome.exit_code
