@@ -15,6 +15,7 @@ from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
+from strategies.runtime.request import SamplingParams
 
 
 def _opt(default: Any, help: str, **argparse_kw: Any) -> Any:
@@ -90,6 +91,12 @@ class RunOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.warmup < 0:
             raise UserError("--warmup must be >= 0")
+        if self.seed < 0:
+            raise UserError(f"--seed must be >= 0, got {self.seed}")
+        try:
+            SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
+        except ValueError as exc:
+            raise UserError(f"sampling options: {exc}") from None
         if self.max_concurrency is not None and self.max_concurrency <= 0:
             raise UserError(f"--max-concurrency must be positive, got {self.max_concurrency}")
         parse_percentiles(self.metric_percentiles)

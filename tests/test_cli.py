@@ -110,6 +110,9 @@ def test_refuses_to_overwrite_without_force(run_dir):
     (["--trace-format", "parquet"], "invalid choice"),
     (["--model", "gpt-17"], "not a preset"),
     (["--request-rate", "abc"], "invalid float value"),
+    (["--temperature", "-1"], "sampling options: temperature must be >= 0"),
+    (["--top-p", "0"], "sampling options: top_p must be in (0, 1]"),
+    (["--seed", "-3"], "--seed must be >= 0"),
     (["--strategies", "inflight,hf-cb", "--device", "sim"], "hf-cb runs transformers on the CPU only"),
 ])
 def test_bad_input_is_one_line_exit_2(tmp_path, args, message):

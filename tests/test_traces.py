@@ -65,6 +65,10 @@ def test_slotbench_jsonl_with_prompts_and_sampling(tmp_path):
     ("b.jsonl", '{"timestamp": 0, "input_length": 5}\n', "b.jsonl:1: missing key(s) output_length"),
     ("b.jsonl", '{"time": 0}\n', "cannot detect"),
     ("c.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2, "colour": 1}\n', "unknown key(s) colour"),
+    ("c.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2, "temperature": -1}\n',
+     "c.jsonl:1: temperature must be >= 0"),
+    ("c.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2, "seed": "x"}\n',
+     "seed: 'x' is not an integer"),
     ("d.csv", "", "empty file"),
     ("e.csv", "foo,bar\n1,2\n", "cannot detect"),
 ])

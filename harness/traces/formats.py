@@ -199,12 +199,37 @@ def _load_slotbench(path: str, text: str) -> tuple[list[TraceRequest], int]:
         if unknown:
             raise TraceError(path, i, f"unknown key(s) {', '.join(sorted(unknown))}")
         sampling = {k: obj[k] for k in SAMPLING_KEYS if k in obj} or None
+        if sampling:
+            _check_sampling(path, i, sampling)
         rid = obj.get("request_id")
         rows.append(TraceRequest(_number(path, i, "arrival_s", obj["arrival_s"], integer=False), n_in,
                                  _length(path, i, "output_tokens", obj["output_tokens"]),
                                  str(rid) if rid is not None else None,
                                  tuple(prompt) if prompt is not None else None, sampling))
     return rows, 0
+
+
+def _check_sampling(path: str, line: int, sampling: dict) -> None:
+    from strategies.runtime.request import SamplingParams
+
+    values = dict(sampling)
+    if "stop_token_ids" in values:
+        stops = values["stop_token_ids"]
+        if not isinstance(stops, list) or not all(isinstance(t, int) and t >= 0 for t in stops):
+            raise TraceError(path, line, "stop_token_ids: expected a list of non-negative integers")
+        values["stop_token_ids"] = tuple(stops)
+    for key in ("top_k", "seed"):
+        if key in values and not (isinstance(values[key], int) and not isinstance(values[key], bool)):
+            raise TraceError(path, line, f"{key}: {values[key]!r} is not an integer")
+    for key in ("temperature", "top_p", "min_p"):
+        if key in values and not (isinstance(values[key], int | float) and not isinstance(values[key], bool)):
+            raise TraceError(path, line, f"{key}: {values[key]!r} is not a number")
+    if "ignore_eos" in values and not isinstance(values["ignore_eos"], bool):
+        raise TraceError(path, line, f"ignore_eos: {values['ignore_eos']!r} is not true or false")
+    try:
+        SamplingParams(**values)
+    except ValueError as exc:
+        raise TraceError(path, line, str(exc)) from None
 
 
 _LOADERS: dict[str, Callable[[str, str], tuple[list[TraceRequest], int]]] = {
