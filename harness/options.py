@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -83,6 +84,13 @@ class RunOptions:
         unknown = [s for s in self.strategies if s not in strategy_names()]
         if unknown:
             raise UserError(f"unknown strategy {unknown[0]!r}; valid: {', '.join(strategy_names())}")
+        if not re.fullmatch(r"cpu|sim|cuda(:\d+)?", self.device):
+            raise UserError(f"--device {self.device!r}: expected cpu, cuda[:N] or sim")
+        if self.device.startswith("cuda"):
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UserError(f"--device {self.device}: CUDA is not available on this machine")
         peers = [s for s in self.strategies if s.startswith("hf-")]
         if peers and self.device != "cpu":
             raise UserError(f"{peers[0]} runs transformers on the CPU only (--device {self.device})")

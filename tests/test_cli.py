@@ -110,6 +110,7 @@ def test_refuses_to_overwrite_without_force(run_dir):
     (["--trace-format", "parquet"], "invalid choice"),
     (["--model", "gpt-17"], "not a preset"),
     (["--request-rate", "abc"], "invalid float value"),
+    (["--device", "tpu"], "--device 'tpu': expected cpu, cuda[:N] or sim"),
     (["--temperature", "-1"], "sampling options: temperature must be >= 0"),
     (["--top-p", "0"], "sampling options: top_p must be in (0, 1]"),
     (["--seed", "-3"], "--seed must be >= 0"),

@@ -63,7 +63,8 @@ class HFStaticExecutor(PeerExecutor):
         with torch.inference_mode():
             out = self.hf.generate(ids, attention_mask=mask, max_new_tokens=max(r.max_new_tokens for r in batch),
                                    do_sample=False, eos_token_id=eos, pad_token_id=0, streamer=streamer)
-        rec.sample_end_s = rec.postprocess_start_s = self.clock.now()
+        # generate is one opaque call: its whole span is the "forward" (sampling happens inside it)
+        rec.forward_end_s = rec.sample_start_s = rec.sample_end_s = rec.postprocess_start_s = self.clock.now()
         new = out[:, longest:].tolist()
         for r, tokens in zip(batch, new, strict=True):
             tokens = tokens[: r.max_new_tokens]
