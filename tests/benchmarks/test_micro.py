@@ -119,3 +119,28 @@ def test_iteration_host_overhead(benchmark, name):
 
     host_s = benchmark.pedantic(run, rounds=3)
     benchmark.extra_info["host_ms_per_iteration"] = host_s * 1e3
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_nvtx_phase_range_without_a_tool(benchmark, enabled):
+    """One phase range through the helper, NVTX on (no tool attached) and off."""
+    n = Nvtx(enabled)
+
+    def phase():
+        n.push("schedule")
+        n.pop()
+
+    benchmark(phase)
+
+
+def test_iteration_record(benchmark):
+    """What one iteration's record costs the host: construction and the fields a step fills."""
+    from strategies.runtime.iteration import ITERATION_COLUMNS, IterationRecord
+
+    def record():
+        rec = IterationRecord(1)
+        for name in ITERATION_COLUMNS[1:]:
+            setattr(rec, name, 1)
+        return rec
+
+    benchmark(record)
