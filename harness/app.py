@@ -208,7 +208,10 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
         if report and rows:
             from reports.html import write_report
 
-            write_report([staging], staging / "report.html", names=[out.name])
+            try:  # the measurements matter more than the page: never lose them to a report failure
+                write_report([staging], staging / "report.html", names=[out.name])
+            except Exception as exc:
+                log(f"error: report not written: {type(exc).__name__}: {exc}")
         _swap_into_place(staging, out)
     code = EXIT_INTERRUPTED if any(r.interrupted for r in runs) else EXIT_FAULT if any(r.error for r in runs) else 0
     return RunOutcome(out, summary, code, messages)
