@@ -129,7 +129,7 @@ def _slotbench_version() -> str:
         from importlib.metadata import version
 
         return version("slotbench")
-    except Exception:
+    except Exception:  # running from a source tree that was never installed
         return "source"
 
 

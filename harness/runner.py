@@ -84,7 +84,7 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
         strategy.run(source)
     except KeyboardInterrupt:
         error, interrupted = "interrupted (SIGINT)", True
-    except Exception as exc:
+    except Exception as exc:  # an engine fault ends this strategy's run, not the program
         error = f"{type(exc).__name__}: {exc}"
     finally:
         wall = clock.now()
