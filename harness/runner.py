@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,7 +31,6 @@ class StrategyRun:
     error: str | None = None  # why the run stopped early, if it did
     interrupted: bool = False  # stopped by SIGINT
     warmup_s: float = 0.0
-    notes: list[str] = field(default_factory=list)
 
 
 def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_size: int, seed: int,
