@@ -10,6 +10,7 @@ wins. Launch and sync latencies are the medians the records show.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,14 +22,10 @@ from strategies.runtime.model import ModelConfig
 from strategies.runtime.sim.cost import CostModel, DeviceProfile
 
 
-def _features(cost: CostModel, it: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    flops, nbytes = [], []
-    for r in it.itertuples(index=False):
-        c = cost.cost(BatchWork(int(r.num_tokens), int(r.num_samples), int(r.kv_read_tokens),
-                                int(r.attention_pairs)))
-        flops.append(c.flops)
-        nbytes.append(c.bytes)
-    return np.array(flops), np.array(nbytes)
+def _works(it: pd.DataFrame) -> list[BatchWork]:
+    """Each recorded iteration's batch, in cost-model units."""
+    return [BatchWork(int(r.num_tokens), int(r.num_samples), int(r.kv_read_tokens), int(r.attention_pairs))
+            for r in it.itertuples(index=False)]
 
 
 def _fit(y: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, rows: np.ndarray, peak: float, bw: float,
@@ -90,7 +87,9 @@ def calibrate(run_dir: Path, gpu: str = "cpu") -> tuple[DeviceProfile, dict]:
     if len(it) < 10:
         raise UserError(f"{run_dir}: too few complete iterations to calibrate ({len(it)})")
     y = (it["sample_end_s"] - it["forward_start_s"]).to_numpy()
-    flops, nbytes = _features(cost, it)
+    works = _works(it)
+    costs = [cost.cost(w) for w in works]
+    flops, nbytes = np.array([c.flops for c in costs]), np.array([c.bytes for c in costs])
     rows = it["num_samples"].to_numpy(dtype=float)
     grid = np.geomspace(1e-4, 1.5, 60)
     peak, bw = base.gpu.peak_flops, base.gpu.mem_bw
@@ -104,12 +103,10 @@ def calibrate(run_dir: Path, gpu: str = "cpu") -> tuple[DeviceProfile, dict]:
         ef, eb, overhead, per_row, sse = additive
         combine = "sum"
     launch, sync = _latencies(frames)
-    profile = base.with_fit(eff_flops=ef, eff_bw=eb, overhead_s=overhead, row_overhead_s=per_row,
-                            launch_latency_s=launch,
-                            sync_latency_s=sync, combine=combine, source=str(run_dir))
+    profile = replace(base, eff_flops=ef, eff_bw=eb, overhead_s=overhead, row_overhead_s=per_row,
+                      launch_latency_s=launch, sync_latency_s=sync, combine=combine, source=str(run_dir))
     fitted = CostModel(spec, profile, 1)
-    pred = np.array([fitted.step_time(BatchWork(int(r.num_tokens), int(r.num_samples), int(r.kv_read_tokens),
-                                                int(r.attention_pairs))) for r in it.itertuples(index=False)])
+    pred = np.array([fitted.step_time(w) for w in works])
     stats = {"iterations": len(it), "combine": combine, "eff_flops": ef, "eff_bw": eb, "overhead_ms": overhead * 1e3,
              "row_overhead_ms": per_row * 1e3,
              "launch_latency_ms": launch * 1e3, "sync_latency_ms": sync * 1e3,

@@ -226,8 +226,6 @@ class Strategy(Executor):
         rec.num_generation_requests = len(batch.generation)
         rec.num_tokens = batch.num_tokens
         rec.num_padding_tokens = batch.num_padding_tokens
-        work = batch.work()
-        rec.kv_read_tokens, rec.attention_pairs = work.kv_read_tokens, work.attention_pairs
         rec.active_slots = self.slots.num_used
         rec.waiting_requests = len(self.waiting)
         rec.kv_blocks_used = self.kv.blocks_in_use
@@ -243,6 +241,7 @@ class Strategy(Executor):
             work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
         rec.num_samples = len(bufs.step.rows)
+        rec.kv_read_tokens, rec.attention_pairs = bufs.work.kv_read_tokens, bufs.work.attention_pairs
         if self._last_launched is not None:
             self._last_launched.waited_before_next_launch = int(self._last_waited is self._last_launched)
         self._last_launched = rec

@@ -29,7 +29,7 @@ class BufferSet:
         self.index = index
         self.runtime = runtime
         self.step = step
-        self.work: BatchWork | None = None  # the batch's size in cost-model units (simulated device)
+        self.work: BatchWork | None = None  # the batch's size in cost-model units (records, simulated device)
 
 
 def script_model(model: LlamaModel) -> torch.nn.Module:
@@ -68,6 +68,7 @@ class Engine:
         """Host side: write the batch into the set's host buffers."""
         bufs.runtime.fill(batch)
         bufs.step.fill(batch, self.cfg.eos_token_id)
+        bufs.work = batch.work()
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         """Enqueue forward and sample for ``bufs``; returns at once."""

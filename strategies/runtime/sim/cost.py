@@ -11,7 +11,7 @@ layer. A device profile (efficiencies, overheads) can be fitted to a real run by
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strategies.runtime.batch import BatchWork
@@ -59,9 +59,6 @@ class DeviceProfile:
             return cls(**{**data, "gpu": GpuSpec(**data["gpu"])})
         except (OSError, ValueError, TypeError, KeyError) as exc:
             raise ValueError(f"--profile {path}: not a device profile ({exc})") from None
-
-    def with_fit(self, **fitted: float | str) -> DeviceProfile:
-        return replace(self, **fitted)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 
-from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.device import DeviceWork
 from strategies.runtime.engine import BufferSet, Engine
 from strategies.runtime.model import ModelConfig
@@ -44,10 +43,6 @@ class SimEngine(Engine):
 
     def _kv_storage(self, num_slots: int, max_seq_len: int):
         return None  # nothing to store: the forward is not computed
-
-    def prepare(self, batch: ScheduledBatch, bufs: BufferSet) -> None:
-        super().prepare(batch, bufs)
-        bufs.work = batch.work()
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         total = self.cost_model.step_time(bufs.work)
