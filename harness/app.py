@@ -55,7 +55,6 @@ class RunOutcome:
     out: Path
     summary: pd.DataFrame
     exit_code: int
-    messages: list[str]
 
 
 def make_trace(opts: RunOptions) -> Trace:
@@ -182,7 +181,6 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     staging.chmod(0o755)
     runs: list[StrategyRun] = []
     rows: list[dict] = []
-    messages: list[str] = []
     try:
         for name in opts.strategies:
             requests = build_requests(list(trace.requests), defaults, model_cfg.vocab_size, opts.seed)
@@ -197,8 +195,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
             runs.append(run)
             rows.append(_write_strategy(staging, run, opts))
             if run.error:
-                messages.append(f"{name} stopped early: {run.error}")
-                log(f"error: {messages[-1]}")
+                log(f"error: {name} stopped early: {run.error}")
             if run.interrupted:
                 break
     finally:
@@ -214,7 +211,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
                 log(f"error: report not written: {type(exc).__name__}: {exc}")
         _swap_into_place(staging, out)
     code = EXIT_INTERRUPTED if any(r.interrupted for r in runs) else EXIT_FAULT if any(r.error for r in runs) else 0
-    return RunOutcome(out, summary, code, messages)
+    return RunOutcome(out, summary, code)
 
 
 def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:

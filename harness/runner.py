@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -41,15 +41,12 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
     for i, t in enumerate(trace):
         prompt = (np.asarray(t.prompt_token_ids, dtype=np.int64) if t.prompt_token_ids is not None
                   else rng.integers(0, vocab_size, size=t.input_tokens, dtype=np.int64))
-        sampling = defaults
-        if t.sampling:
-            overrides = dict(t.sampling)
-            if "stop_token_ids" in overrides:
-                overrides["stop_token_ids"] = tuple(overrides["stop_token_ids"])
-            sampling = SamplingParams(**{**defaults.__dict__, **overrides})
-        if "seed" not in (t.sampling or {}):
-            # A distinct stream per request, derived from the run seed: reproducible, strategy-independent.
-            sampling = SamplingParams(**{**sampling.__dict__, "seed": (seed * 1_000_003 + i) % 2**32})
+        overrides = dict(t.sampling or {})
+        if "stop_token_ids" in overrides:
+            overrides["stop_token_ids"] = tuple(overrides["stop_token_ids"])
+        # A distinct stream per request, derived from the run seed: reproducible, strategy-independent.
+        overrides.setdefault("seed", (seed * 1_000_003 + i) % 2**32)
+        sampling = replace(defaults, **overrides)
         out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s))
     return out
 
