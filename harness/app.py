@@ -42,9 +42,10 @@ from harness.timeline import chrome_trace
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
-from strategies.runtime.checkpoint import load_checkpoint
+from strategies.runtime.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import PRESETS, build_model, resolve_model_config
+from strategies.runtime.model import build_model
+from strategies.runtime.model_config import PRESETS
 from strategies.runtime.request import SamplingParams
 
 EXIT_FAULT, EXIT_INTERRUPTED = 1, 130
@@ -99,7 +100,7 @@ def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
     from strategies.runtime.sim.build import cost_model
 
     try:
-        cost = cost_model(executor)
+        cost = cost_model(executor.sim)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     capacity = cost.kv_capacity_tokens()

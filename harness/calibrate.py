@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.errors import UserError
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.model import ModelConfig
+from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.cost import CostModel, DeviceProfile
 
 

@@ -16,6 +16,7 @@ from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
+from strategies.runtime.memory import MEMORY_MODES
 from strategies.runtime.request import SamplingParams
 
 
@@ -29,6 +30,10 @@ class RunOptions:
     model: str = _opt("small", "preset (tiny, small) or a Hugging Face checkpoint directory")
     dtype: str = _opt("float32", "model dtype", choices=("float32", "float64", "bfloat16", "float16"))
     device: str = _opt("cpu", "cpu, cuda[:N], or sim (the simulated device: see --gpu, --model-spec)")
+    device_memory: str | None = _opt(None, "shared: on CPU the device reads the host's buffers; split: the device "
+                                           "owns its tensors and every transfer is a copy on the stream, as on "
+                                           "CUDA (default: shared on cpu and sim, split on cuda)",
+                                     choices=MEMORY_MODES)
     gpu: str = _opt("h200", "sim: GPU datasheet (a100, h100, h200, l40s, cpu)")
     model_spec: str = _opt("llama-3-8b", "sim: model shapes (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny, small, "
                                          "or a config.json directory)")
@@ -46,6 +51,10 @@ class RunOptions:
     max_concurrency: int | None = _opt(None, "at most this many requests in flight (closed loop with rate inf)")
     input_len: int = _opt(128, "synthetic: mean input length")
     output_len: int = _opt(64, "synthetic: mean output length")
+    prefix_len: int = _opt(0, "synthetic: a shared prefix of this many tokens before each prompt "
+                              "(vllm bench serve --random-prefix-len)")
+    num_prefixes: int = _opt(1, "synthetic: distinct shared prefixes, one drawn per request (SGLang's "
+                                "generated-shared-prefix groups)")
     range_ratio: float = _opt(0.5, "synthetic: spread of lengths (uniform: [L(1-r), L(1+r)])")
     output_range_ratio: float | None = _opt(None, "synthetic: spread of output lengths (default: --range-ratio)")
     length_dist: str = _opt("uniform", "synthetic: length distribution", choices=LENGTH_DISTS)
@@ -62,6 +71,8 @@ class RunOptions:
     chunked_prefill: bool = _opt(False, "split long prompts across iterations")
     kv_blocks: int | None = _opt(None, "KV cache blocks (default: every slot at max-seq-len)")
     tokens_per_block: int = _opt(16, "tokens per KV block")
+    prefix_caching: bool = _opt(False, "reuse cached KV blocks of equal prefixes across requests")
+    kv_watermark: float = _opt(0.01, "max-utilization: fraction of KV blocks kept free while requests run")
     temperature: float = _opt(0.0, "sampling temperature (0: greedy)")
     top_k: int = _opt(0, "top-k (0: off)")
     top_p: float = _opt(1.0, "top-p (1: off)")
@@ -79,7 +90,7 @@ class RunOptions:
     def __post_init__(self) -> None:
         if not self.strategies:
             raise UserError("--strategies: give at least one strategy")
-        from strategies.base import strategy_names
+        from strategies.registry import strategy_names
 
         unknown = [s for s in self.strategies if s not in strategy_names()]
         if unknown:
@@ -94,9 +105,11 @@ class RunOptions:
         peers = [s for s in self.strategies if s.startswith("hf-")]
         if peers and self.device != "cpu":
             raise UserError(f"{peers[0]} runs transformers on the CPU only (--device {self.device})")
-        for name in ("num_prompts", "input_len", "output_len"):
+        for name in ("num_prompts", "input_len", "output_len", "num_prefixes"):
             if getattr(self, name) <= 0:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.prefix_len < 0:
+            raise UserError(f"--prefix-len must be >= 0, got {self.prefix_len}")
         if self.warmup < 0:
             raise UserError("--warmup must be >= 0")
         if self.seed < 0:
@@ -144,7 +157,8 @@ class RunOptions:
             return ExecutorConfig(
                 max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=self.max_seq_len,
                 capacity_policy=self.capacity_policy, chunked_prefill=self.chunked_prefill,
-                tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, device=self.device,
+                tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, prefix_caching=self.prefix_caching,
+                kv_watermark=self.kv_watermark, device=self.device, device_memory=self.device_memory,
                 device_threads=self.device_threads, compile=self.compile, instrument=self.instrument,
                 sim=self.sim_config())
         except ValueError as exc:

@@ -15,10 +15,11 @@ import torch
 
 from harness.source import TraceSource
 from harness.traces.trace import TraceRequest
-from strategies.base import get_strategy, make_clock
+from strategies.base import make_clock
 from strategies.config import ExecutorConfig
+from strategies.registry import get_strategy
 from strategies.runtime.iteration import IterationRecord
-from strategies.runtime.model import ModelConfig
+from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.request import Request, SamplingParams, Status
 
 

@@ -1,4 +1,4 @@
-"""The strategy interface, the registry, and the three parts every strategy is made of.
+"""The strategy interface and the three parts every strategy is made of.
 
 schedule (host) → forward + sample (device) → postprocess (host). A strategy only decides how these are
 arranged in its loop and what its schedule admits; the runtime underneath is the same for all, so a
@@ -7,7 +7,6 @@ difference between strategies in a report comes from scheduling alone.
 
 from __future__ import annotations
 
-import contextlib
 from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -18,13 +17,13 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.block_manager import BlockManager
 from strategies.runtime.clock import Clock
 from strategies.runtime.decoder_state import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.device import DeviceWork, make_stream
 from strategies.runtime.engine import MAX_STOP_IDS, BufferSet, Engine
 from strategies.runtime.iteration import IterationRecord
-from strategies.runtime.kv_cache import KVCacheManager
-from strategies.runtime.model import ModelConfig
+from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.request import Request, Status
 from strategies.runtime.slots import SlotManager
 from strategies.runtime.tracing import Nvtx
@@ -111,21 +110,25 @@ class Strategy(Executor):
                  clock: Clock | None = None) -> None:
         super().__init__(model_cfg, model, config, clock)
         self.nvtx = Nvtx(config.instrument)
-        sizes = {"num_slots": config.max_batch_size, "max_seq_len": config.max_seq_len,
-                 "max_tokens": self.max_tokens_per_step(), "max_batch": config.max_batch_size,
-                 "num_buffer_sets": self.num_buffer_sets}
-        if config.device == "sim":
+        c = config
+        sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": self.max_tokens_per_step(),
+                 "max_batch": c.max_batch_size, "num_buffer_sets": self.num_buffer_sets,
+                 "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block}
+        if c.device == "sim":
             from strategies.runtime.sim.build import sim_engine
 
-            self.stream, self.engine = sim_engine(model_cfg, config, self.clock, self.nvtx, sizes)
+            assert c.sim is not None
+            self.stream, self.engine = sim_engine(model_cfg, c.sim, self.clock, self.nvtx, sizes)
         else:
-            self.stream = make_stream(config.device, self.clock, self.nvtx, config.device_threads)
+            self.stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory)
             self.engine = Engine(model_cfg, model, self.stream, **sizes)
-        self.slots = SlotManager(config.max_batch_size)
-        self.kv = KVCacheManager(config.tokens_per_block, config.total_kv_blocks)
+        self.slots = SlotManager(c.max_batch_size)
+        self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
+                               c.prefix_caching)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
         self._admissions = 0
+        self._evictions_seen = 0
         self._last_launched: IterationRecord | None = None
         self._last_waited: IterationRecord | None = None
 
@@ -135,7 +138,10 @@ class Strategy(Executor):
         self._loop()
 
     def close(self) -> None:
+        """Stop the device stream and drop the device's tensors (weights, KV pools, buffers), so that
+        nothing of this executor stays on the card while the next one runs."""
         self.stream.close()
+        self.engine = None  # type: ignore[assignment]
 
     def inject_fault(self, iteration: int) -> None:
         self.engine.fault_at_iteration = iteration
@@ -187,19 +193,19 @@ class Strategy(Executor):
         self.clock.sleep_until(nxt)
 
     # --- slots and KV ---------------------------------------------------------------------------
-    def _admit(self, r: Request, reserve_tokens: int) -> None:
-        """Give ``r`` a slot and KV blocks for ``reserve_tokens`` tokens."""
+    def _admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
+        """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
         slot = self.slots.acquire(r.request_id)
-        r.admit(slot, self._admissions)
+        r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block)
         self._admissions += 1
-        self.kv.grow(r.request_id, reserve_tokens)
+        self.kv.admit(slot, hits, reserve_tokens)
         self.running.append(r)
 
     def _release(self, r: Request) -> None:
         if r.slot is not None:
+            self.kv.release(r.slot, r)
             self.slots.release(r.slot, r.request_id)
             r.slot = None
-        self.kv.free(r.request_id)
         if r in self.running:
             self.running.remove(r)
 
@@ -222,6 +228,9 @@ class Strategy(Executor):
         rec = IterationRecord(iteration)
         with self._phase(rec, "schedule"):
             batch = self.schedule(iteration)
+            if self.kv.prefix_caching:  # blocks this step fills become reusable for later steps
+                for r in self.running:
+                    self.kv.commit(r.slot, r)
         rec.num_context_requests = len(batch.context)
         rec.num_generation_requests = len(batch.generation)
         rec.num_tokens = batch.num_tokens
@@ -230,6 +239,8 @@ class Strategy(Executor):
         rec.waiting_requests = len(self.waiting)
         rec.kv_blocks_used = self.kv.blocks_in_use
         rec.kv_blocks_total = self.kv.total_blocks
+        rec.kv_blocks_cached = self.kv.cached_free_blocks
+        rec.kv_evictions, self._evictions_seen = self.kv.evictions - self._evictions_seen, self.kv.evictions
         rec.preemptions = len(batch.preempted)
         if batch:
             self.records.append(rec)
@@ -237,8 +248,8 @@ class Strategy(Executor):
 
     def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
         with self._phase(rec, "prepare"):
-            self.engine.prepare(batch, bufs)
-            work = self.engine.launch(rec.iteration, bufs)
+            self.engine.prepare(batch, bufs, self.kv.table)
+        work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
         rec.num_samples = len(bufs.step.rows)
         rec.kv_read_tokens, rec.attention_pairs = bufs.work.kv_read_tokens, bufs.work.attention_pairs
@@ -255,13 +266,18 @@ class Strategy(Executor):
             setattr(rec, f"{name}_end_s", end)
 
     def _postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
-        """Hand each sampled token to its request; finish the ones the device says are done."""
+        """Hand each sampled token to its request; finish the ones the device says are done. A row the
+        device computed for a request it knew to be finished (static's done rows, overlap's one extra
+        step) is padding."""
         with self._phase(rec, "postprocess"):
-            now = self.clock.now()
             tokens, codes = self.engine.outputs(bufs)
+            now = self.clock.now()  # the host holds the tokens from here: what a streaming client sees
             for r, tok, code in zip(bufs.step.rows, tokens, codes, strict=True):
                 r.pending_samples -= 1
-                if code == DISCARDED or r.status.terminal:
+                if code == DISCARDED:
+                    rec.num_padding_tokens += 1
+                    continue
+                if r.status.terminal:
                     continue
                 r.append_token(tok, now)
                 if code != CONTINUE:
@@ -279,38 +295,8 @@ class Strategy(Executor):
 def make_clock(config: ExecutorConfig) -> Clock:
     """The run clock: wall time, or the simulated device's virtual time."""
     if config.device == "sim":
-        from strategies.runtime.sim.device import VirtualClock
+        from strategies.runtime.sim.build import virtual_clock
 
-        sim = config.sim
-        assert sim is not None
-        return VirtualClock(sim.host_time, sim.host_ms_per_iteration / 1e3, sim.host_us_per_request / 1e6)
+        assert config.sim is not None
+        return virtual_clock(config.sim)
     return Clock()
-
-
-_REGISTRY: dict[str, type[Executor]] = {}
-
-
-def register(cls: type[Executor]) -> type[Executor]:
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def strategy_names() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
-
-
-def get_strategy(name: str) -> type[Executor]:
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise ValueError(f"unknown strategy {name!r}; valid: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
-
-
-def _load_builtin() -> None:
-    import strategies.inflight.executor
-    import strategies.overlap.executor
-    import strategies.static.executor
-
-    with contextlib.suppress(ImportError):  # peer engines need the optional `peers` extra (transformers)
-        import strategies.peers  # noqa: F401

@@ -4,29 +4,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from strategies.runtime.memory import MEMORY_MODES
+from strategies.runtime.sim.config import SimConfig
+
 CAPACITY_POLICIES = ("guaranteed-no-evict", "max-utilization")
-HOST_TIME = ("measured", "modelled")
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    """The simulated device (``device="sim"``): what is modelled, on what, and how host time counts."""
-
-    gpu: str = "h200"  # a datasheet (a100, h100, h200, l40s, cpu); ignored when profile is given
-    model_spec: str = "llama-3-8b"  # whose shapes the cost model uses (a spec preset or config.json dir)
-    tp: int = 1  # tensor-parallel degree
-    profile: str | None = None  # a calibrated device profile (JSON from `slotbench calibrate`)
-    host_time: str = "measured"  # measured: real host code on the clock; modelled: the costs below
-    host_ms_per_iteration: float = 0.0
-    host_us_per_request: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.tp <= 0:
-            raise ValueError(f"--tp must be positive, got {self.tp}")
-        if self.host_time not in HOST_TIME:
-            raise ValueError(f"--host-time {self.host_time!r}: expected one of {', '.join(HOST_TIME)}")
-        if self.host_ms_per_iteration < 0 or self.host_us_per_request < 0:
-            raise ValueError("modelled host costs must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -38,7 +19,10 @@ class ExecutorConfig:
     chunked_prefill: bool = False
     tokens_per_block: int = 16
     kv_blocks: int | None = None  # None: enough for every slot at max_seq_len
+    prefix_caching: bool = False  # reuse full KV blocks by content hash across requests
+    kv_watermark: float = 0.01  # max-utilization: free-block fraction kept back while requests run (vLLM's)
     device: str = "cpu"
+    device_memory: str | None = None  # shared | split; None: shared on CPU and sim, split on CUDA
     device_threads: int = 1  # CPU: torch threads of the device worker (the host keeps the other core)
     compile: bool = True  # run forward as one TorchScript call (GIL-free on the CPU worker)
     instrument: bool = True  # NVTX ranges (records are always kept)
@@ -60,12 +44,31 @@ class ExecutorConfig:
             raise ValueError("device 'sim' needs a SimConfig")
         if self.device_threads < 0:
             raise ValueError("--device-threads must be >= 0 (0: leave torch's default)")
+        if not 0 <= self.kv_watermark < 1:
+            raise ValueError(f"--kv-watermark must be in [0, 1), got {self.kv_watermark}")
+        if self.device_memory is not None and self.device_memory not in MEMORY_MODES:
+            raise ValueError(f"--device-memory {self.device_memory!r}: expected one of {', '.join(MEMORY_MODES)}")
+        if self.device.startswith("cuda") and self.device_memory == "shared":
+            raise ValueError("--device-memory shared: a CUDA device always has memory of its own (split)")
+        if self.device == "sim" and self.device_memory == "split":
+            raise ValueError("--device-memory split: the simulated device keeps no tensors of its own")
+
+    @property
+    def memory(self) -> str:
+        """The device memory mode in effect."""
+        if self.device_memory is not None:
+            return self.device_memory
+        return "split" if self.device.startswith("cuda") else "shared"
+
+    @property
+    def max_blocks_per_seq(self) -> int:
+        return -(-self.max_seq_len // self.tokens_per_block)
 
     @property
     def total_kv_blocks(self) -> int:
         if self.kv_blocks is not None:
             return self.kv_blocks
-        return self.max_batch_size * -(-self.max_seq_len // self.tokens_per_block)
+        return self.max_batch_size * self.max_blocks_per_seq
 
     def to_dict(self) -> dict:
         return asdict(self)

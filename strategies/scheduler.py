@@ -1,61 +1,74 @@
 """Iteration-level scheduling with capacity policies, shared by the in-flight and overlap strategies.
 
-Each call builds one iteration: running requests first (oldest first: a context chunk or one
-generation token each), then admissions from the head of the queue into free slots while the token
-budget, the batch size and the KV policy allow.
+Each call builds one iteration within the token budget: running requests that decode get their one
+token first, then running prefills get chunks (vLLM's and Sarathi-Serve's order, so a long prompt
+never delays a running request's next token), then requests from the head of the queue are admitted
+into free slots while the budget, the batch size and the KV policy allow. An admitted request starts
+from its longest cached prefix (prefix caching) and computes only the rest.
 
 - guaranteed-no-evict: a request is admitted only if the blocks it needs to completion are free; they
-  are reserved at admission, so nothing is ever evicted.
-- max-utilization: a request is admitted if its current need fits; when a running request cannot grow,
-  the most recently admitted request is preempted (slot and blocks freed, requeued at the front) and
-  later recomputes its prompt plus the tokens it had generated. Sampling is counter-based, so its
-  tokens come out unchanged.
+  are taken at admission, so nothing is ever evicted.
+- max-utilization: a request is admitted if its current need fits with a watermark of free blocks to
+  spare while others run (vLLM's 1% by default), so it is not admitted only to be preempted at once;
+  when a running request cannot grow, the most recently admitted request is preempted (slot and blocks
+  freed, requeued at the front) and later recomputes its prompt plus the tokens it had generated.
+  Sampling is counter-based, so its tokens come out unchanged.
 """
 
 from __future__ import annotations
 
+import math
 from collections import deque
+from collections.abc import Callable
 
 from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
-from strategies.runtime.kv_cache import KVCacheManager
+from strategies.runtime.block_manager import BlockManager
 from strategies.runtime.request import Request
+
+Admit = Callable[[Request, list[int], int], None]  # (request, cached prefix blocks, tokens to reserve)
+Preempt = Callable[[Request], None]
 
 
 class IterationScheduler:
-    def __init__(self, config: ExecutorConfig, kv: KVCacheManager) -> None:
+    def __init__(self, config: ExecutorConfig, kv: BlockManager) -> None:
         self.config = config
         self.kv = kv
         self.guaranteed = config.capacity_policy == "guaranteed-no-evict"
+        self.watermark = 0 if self.guaranteed else math.ceil(config.kv_watermark * kv.total_blocks)
 
     def schedule(self, iteration: int, waiting: deque[Request], running: list[Request], free_slots: int,
-                 admit: callable, preempt: callable) -> ScheduledBatch:
-        """``admit(request, tokens_to_reserve)`` takes a slot; ``preempt(request)`` gives it back."""
+                 admit: Admit, preempt: Preempt) -> ScheduledBatch:
         batch = ScheduledBatch(iteration)
         budget = self.config.max_num_tokens
-        for r in list(running):
-            if r not in running:  # preempted earlier in this loop
-                continue
-            n = self._next_tokens(r, budget)
-            if n == 0:
-                continue
-            if not self.guaranteed and not self._make_room(r, r.num_computed_tokens + n, running, batch, preempt):
-                continue
-            self.kv.grow(r.request_id, r.num_computed_tokens + n)
-            budget -= self._add(batch, r, n)
+        for prefills in (False, True):  # decodes first, then prefill chunks
+            for r in list(running):
+                if r.slot is None or r.is_prefilling is not prefills:  # preempted earlier in this loop
+                    continue
+                n = self._next_tokens(r, budget)
+                if n == 0:
+                    continue
+                if not self.guaranteed and not self._make_room(r, r.num_computed_tokens + n, running, batch, preempt):
+                    continue
+                self.kv.grow(r.slot, r.num_computed_tokens + n)
+                budget -= self._add(batch, r, n)
         rows = len(batch.context) + len(batch.generation)
+        tpb = self.kv.tokens_per_block
         while waiting and free_slots > 0 and rows < self.config.max_batch_size and budget > 0:
             r = waiting[0]
             if r.pending_samples:  # preempted with a token still on the device: resume once it lands
                 break
-            n = min(r.prompt_len + r.num_output_tokens, budget)
-            if n < r.prompt_len + r.num_output_tokens and not self._may_chunk(r):
+            hits = self.kv.prefix_hit(r)
+            todo = r.prompt_len + r.num_output_tokens - len(hits) * tpb
+            n = min(todo, budget)
+            if n < todo and not self._may_chunk(r):
                 break
-            reserve = r.prompt_len + r.max_new_tokens if self.guaranteed else n
-            if not self.kv.can_grow(r.request_id, reserve):
+            reserve = r.prompt_len + r.max_new_tokens if self.guaranteed else len(hits) * tpb + n
+            spare = self.watermark if running else 0  # alone, a request may use the whole cache
+            if self.kv.admission_blocks(hits, reserve) > self.kv.free_blocks - spare:
                 break
             waiting.popleft()
-            admit(r, reserve)
+            admit(r, hits, reserve)
             batch.admitted.append(r)
             free_slots -= 1
             rows += 1
@@ -75,10 +88,10 @@ class IterationScheduler:
         return 1 if r.wants_more_samples and budget >= 1 else 0
 
     def _make_room(self, r: Request, tokens: int, running: list[Request], batch: ScheduledBatch,
-                   preempt: callable) -> bool:
+                   preempt: Preempt) -> bool:
         """Preempt the most recently admitted requests until ``r`` can hold ``tokens``; False if that
         meant preempting ``r`` itself."""
-        while not self.kv.can_grow(r.request_id, tokens):
+        while not self.kv.can_grow(r.slot, tokens):
             victim = max(running, key=lambda x: x.admitted_seq)
             preempt(victim)
             batch.preempted.append(victim)

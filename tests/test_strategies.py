@@ -6,8 +6,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from strategies.base import get_strategy, strategy_names
 from strategies.config import ExecutorConfig
+from strategies.registry import get_strategy, strategy_names
 from strategies.runtime.request import SamplingParams, Status
 from tests.util import TINY64, assert_accounted, make_requests, reference_decode, run_strategy, tiny_models
 
@@ -44,8 +44,9 @@ def test_all_strategies_give_reference_tokens(specs, max_batch, max_num_tokens, 
         assert_accounted(reqs)
         for r, exp in zip(reqs, expected, strict=True):
             total = r.prompt_len + r.max_new_tokens
+            # static prefills whole rows in forwards of at most max_num_tokens; in-flight may chunk
             unfit = (total > 72 or -(-total // 8) > kv_blocks
-                     or (name != "static" and not cfg.chunked_prefill and r.prompt_len > max_num_tokens))
+                     or ((name == "static" or not cfg.chunked_prefill) and r.prompt_len > max_num_tokens))
             assert (r.status is Status.REJECTED) == unfit, (name, extra, r.request_id, r.finish_reason)
             if not unfit:
                 assert r.output_token_ids == exp, (name, extra, r.request_id)
@@ -88,10 +89,7 @@ def test_rejections_have_reasons_and_the_run_goes_on():
         assert reqs[0].status is Status.REJECTED and "max_seq_len" in reqs[0].finish_reason
         assert reqs[1].status is Status.FINISHED and reqs[1].num_output_tokens == 4
         assert reqs[2].status is Status.REJECTED and "vocabulary" in reqs[2].finish_reason
-        if name == "static":  # no per-iteration token budget
-            assert reqs[3].status is Status.FINISHED
-        else:
-            assert reqs[3].status is Status.REJECTED and "max_num_tokens" in reqs[3].finish_reason
+        assert reqs[3].status is Status.REJECTED and "max_num_tokens" in reqs[3].finish_reason
 
 
 def test_static_pads_and_keeps_finished_rows():

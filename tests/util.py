@@ -5,10 +5,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from strategies.base import get_strategy
 from strategies.config import ExecutorConfig
+from strategies.registry import get_strategy
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import PRESETS, ModelConfig, build_model
+from strategies.runtime.model import build_model
+from strategies.runtime.model_config import PRESETS, ModelConfig
 from strategies.runtime.request import Request, SamplingParams, Status
 from strategies.runtime.sampler import sample
 
@@ -63,12 +64,13 @@ def reference_decode(model: torch.nn.Module, cfg: ModelConfig, r: Request) -> li
     tokens = list(r.prompt_token_ids)
     stops = set(s.stop_token_ids) | (set() if s.ignore_eos else {cfg.eos_token_id})
     out: list[int] = []
+    no_gen = torch.empty(0, dtype=torch.long)
     for step in range(r.max_new_tokens):
         n = len(tokens)
-        shape = (cfg.num_hidden_layers, 1, cfg.num_key_value_heads, n, cfg.head_dim)
-        k = torch.zeros(shape, dtype=cfg.torch_dtype)
-        logits = model(torch.tensor(tokens), torch.arange(n), torch.zeros(n, dtype=torch.long), k, torch.zeros_like(k),
-                       [0], [n], [0], [0], n, 0, torch.tensor([n - 1]))
+        pool = torch.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, n, cfg.head_dim), dtype=cfg.torch_dtype)
+        logits = model(torch.tensor(tokens), torch.arange(n), torch.arange(n), pool, torch.zeros_like(pool), [0], [n],
+                       [0], [no_gen], n, no_gen, torch.zeros((1, 0, 1, 0), dtype=torch.bool), torch.tensor([n - 1]))
+        logits = logits.float()  # as Hugging Face samples: float32 logits whatever the model dtype
         tok = int(sample(logits, torch.tensor([s.temperature]), torch.tensor([s.top_k]), torch.tensor([s.top_p]),
                          torch.tensor([s.min_p]), torch.tensor([s.seed]), torch.tensor([step]), s.uses_filters)[0])
         out.append(tok)

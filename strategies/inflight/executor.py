@@ -7,13 +7,12 @@ before scheduling the next one: the loop is ``Strategy._loop``, the synchronous 
 
 from __future__ import annotations
 
-from strategies.base import Strategy, register
+from strategies.base import Strategy
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.request import Request
 from strategies.scheduler import IterationScheduler
 
 
-@register
 class InflightStrategy(Strategy):
     name = "inflight"
 

@@ -11,7 +11,6 @@ because the device runs steps in order, so a new owner's admission lands after t
 
 from __future__ import annotations
 
-from strategies.base import register
 from strategies.inflight.executor import InflightStrategy
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.device import DeviceWork
@@ -19,7 +18,6 @@ from strategies.runtime.engine import BufferSet
 from strategies.runtime.iteration import IterationRecord
 
 
-@register
 class OverlapStrategy(InflightStrategy):
     name = "overlap"
     num_buffer_sets = 2

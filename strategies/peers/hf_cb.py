@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from transformers import ContinuousBatchingConfig, GenerationConfig
 
-from strategies.base import register
 from strategies.peers.hf_model import PeerExecutor
 from strategies.runtime.request import Request, Status
 
 POLL_S = 0.02  # longest the host blocks on results before it looks for new arrivals
 
 
-@register
 class HFContinuousBatchingExecutor(PeerExecutor):
     name = "hf-cb"
 

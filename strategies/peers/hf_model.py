@@ -6,7 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from strategies.base import Executor, RequestSource
-from strategies.runtime.model import ModelConfig
+from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.request import Request
 
 

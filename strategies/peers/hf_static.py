@@ -8,7 +8,6 @@ from __future__ import annotations
 import torch
 from transformers.generation.streamers import BaseStreamer
 
-from strategies.base import register
 from strategies.peers.hf_model import PeerExecutor
 from strategies.runtime.clock import Clock
 from strategies.runtime.iteration import IterationRecord
@@ -31,7 +30,6 @@ class _StepTimes(BaseStreamer):
         pass
 
 
-@register
 class HFStaticExecutor(PeerExecutor):
     name = "hf-static"
 

@@ -20,7 +20,6 @@ class ContextChunk:
 class GenerationStep:
     request: Request
     position: int  # position of the input token (the last sampled one, read from decoder state)
-    padding: bool = False  # static: the request already finished; the row is computed and discarded
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +50,9 @@ class ScheduledBatch:
 
     @property
     def num_padding_tokens(self) -> int:
-        return sum(c.padding for c in self.context) + sum(g.padding for g in self.generation)
+        """Pad tokens known when scheduling; rows of finished requests are counted when their output
+        comes back discarded (``Strategy._postprocess``)."""
+        return sum(c.padding for c in self.context)
 
     @property
     def sampled_requests(self) -> list[Request]:

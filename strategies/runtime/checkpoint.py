@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from strategies.runtime.model import LlamaModel, ModelConfig
+from strategies.runtime.model import LlamaModel
+from strategies.runtime.model_config import PRESETS, ModelConfig
 
 _SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 
@@ -37,6 +38,17 @@ def config_from_hf(hf: dict, source: str = "config.json", dtype: str = "float32"
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         eos_token_id=int(eos if eos is not None else 0), dtype=dtype,
     )
+
+
+def resolve_model_config(name_or_path: str) -> ModelConfig:
+    """A preset name, or a Hugging Face checkpoint directory (its ``config.json``)."""
+    if name_or_path in PRESETS:
+        return PRESETS[name_or_path]
+    path = Path(name_or_path)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"--model {name_or_path!r}: not a preset ({', '.join(PRESETS)}) "
+                         "and not a checkpoint directory with config.json")
+    return config_from_hf(json.loads((path / "config.json").read_text()), source=str(path))
 
 
 def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu") -> LlamaModel:

@@ -16,6 +16,10 @@ class Clock:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
+    def at(self, perf_s: float) -> float:
+        """The run-clock time of a ``time.perf_counter()`` reading."""
+        return perf_s - self.t0
+
     def charge_host(self, phase: str, requests: int) -> None:
         """A host phase ended. Real clocks have already counted it; a modelled one adds its cost."""
 

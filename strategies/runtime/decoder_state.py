@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from strategies.runtime.memory import DeviceMemory
 from strategies.runtime.sampler import sample
 
 # Finish codes the device writes; the host maps them to reasons. DISCARDED marks a row computed for a
@@ -20,20 +21,20 @@ FINISH_REASONS = {STOP: "stop", LENGTH: "length"}
 
 
 class DecoderState:
-    def __init__(self, num_slots: int, max_stop_ids: int, device: torch.device) -> None:
+    def __init__(self, num_slots: int, max_stop_ids: int, memory: DeviceMemory) -> None:
         def ints(*shape: int, fill: int = 0) -> torch.Tensor:
-            return torch.full(shape, fill, dtype=torch.int64, device=device)
+            return memory.zeros(shape, torch.int64, fill)
 
         self.last_token = ints(num_slots)  # [S] next generation input
         self.gen_len = ints(num_slots)  # [S] tokens generated so far (the sampler's step counter)
         self.max_new = ints(num_slots)  # [S]
         self.stop_ids = ints(num_slots, max_stop_ids, fill=-1)  # [S, K] -1 = unused
-        self.finished = torch.zeros(num_slots, dtype=torch.bool, device=device)  # [S]
+        self.finished = memory.zeros((num_slots,), torch.bool)  # [S]
         self.seed = ints(num_slots)  # [S]
         self.top_k = ints(num_slots)  # [S]
-        self.temperature = torch.zeros(num_slots, dtype=torch.float32, device=device)  # [S]
-        self.top_p = torch.ones(num_slots, dtype=torch.float32, device=device)  # [S]
-        self.min_p = torch.zeros(num_slots, dtype=torch.float32, device=device)  # [S]
+        self.temperature = memory.zeros((num_slots,), torch.float32)  # [S]
+        self.top_p = memory.zeros((num_slots,), torch.float32, 1.0)  # [S]
+        self.min_p = memory.zeros((num_slots,), torch.float32)  # [S]
         self.max_stop_ids = max_stop_ids
 
     def admit(self, slots: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor) -> None:
@@ -45,7 +46,7 @@ class DecoderState:
     def sample(self, logits: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, use_filters: bool,
                any_random: bool) -> None:
         """Sample one token per row with each slot's parameters, record it, decide finishes; writes
-        [tokens; finish codes] into out [2, B]. One TorchScript call."""
+        (token, finish code) rows into out [B, 2]. One TorchScript call."""
         _sample_and_apply(logits, slots, out, self.temperature, self.top_k, self.top_p, self.min_p, self.seed,
                           self.last_token, self.gen_len, self.max_new, self.stop_ids, self.finished, use_filters,
                           any_random)
@@ -77,8 +78,8 @@ def _apply(slots: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor, last_to
     gen_len[slots] = new_len
     finished[slots] = finished[slots] | hit_stop | hit_len
     code = hit_stop.long() * 1 + hit_len.long() * 2  # STOP / LENGTH / CONTINUE
-    out[0] = tokens
-    out[1] = torch.where(active, code, torch.full_like(code, -1))
+    out[:, 0] = tokens
+    out[:, 1] = torch.where(active, code, torch.full_like(code, -1))
 
 
 @torch.jit.script

@@ -1,10 +1,11 @@
 """The device stream: where device work is enqueued, in order, and how the host waits for it.
 
-On CUDA this is a ``torch.cuda.Stream`` with events, pinned host buffers and non-blocking copies. On
-CPU it is one worker thread that runs enqueued work in order, with events the host can wait on, so
-host/device overlap is real on CPU too. That only pays if the device work runs without the GIL: an
-eager step re-takes the GIL for every op and starves the host thread, so the engine hands the worker
-TorchScript calls (which release it) and the switch interval is shortened while the stream lives.
+On CUDA this is a ``torch.cuda.Stream`` with timing events; enqueueing a piece issues its kernels and
+copies on the stream and returns at once. On CPU it is one worker thread that runs enqueued pieces in
+order, with a lock the host can wait on, so host/device overlap is real on CPU too. That only pays if
+the device work runs without the GIL: an eager step re-takes the GIL for every op and starves the host
+thread, so the engine hands the worker TorchScript calls (which release it) and the switch interval is
+shortened while the stream lives. Both streams move data through the same ``DeviceMemory``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from strategies.runtime.clock import Clock
+from strategies.runtime.memory import DeviceMemory
 from strategies.runtime.tracing import Nvtx
 
 Piece = tuple[str, Callable[[], None]]
@@ -26,7 +28,8 @@ Piece = tuple[str, Callable[[], None]]
 
 @dataclass
 class DeviceWork:
-    """Handle to one enqueued step. ``times`` maps piece name → (start_s, end_s) once it is done."""
+    """Handle to one enqueued step. ``times`` maps piece name → (start_s, end_s) on the run clock once
+    the step is waited for."""
 
     iteration: int
     times: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -52,23 +55,13 @@ class DeviceWork:
 
 class DeviceStream:
     device: torch.device
+    memory: DeviceMemory
 
-    def __init__(self, clock: Clock, nvtx: Nvtx) -> None:
+    def __init__(self, clock: Clock, nvtx: Nvtx, memory: DeviceMemory) -> None:
         self.clock = clock
         self.nvtx = nvtx
-
-    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros(shape, dtype=dtype)
-
-    def device_mirror(self, host: torch.Tensor) -> torch.Tensor:
-        """The device-side twin of a host buffer; on CPU the same tensor (the buffer set is owned by
-        one step at a time, so there is nothing to race with)."""
-        return host
-
-    @staticmethod
-    def copy_prefix(dst: torch.Tensor, src: torch.Tensor, n: int, dim: int = 0) -> None:
-        if dst is not src and n > 0:
-            dst.narrow(dim, 0, n).copy_(src.narrow(dim, 0, n), non_blocking=True)
+        self.memory = memory
+        self.device = memory.device
 
     def enqueue(self, iteration: int, pieces: list[Piece]) -> DeviceWork:
         raise NotImplementedError
@@ -82,12 +75,13 @@ class DeviceStream:
 
 
 class CpuWorkerStream(DeviceStream):
-    def __init__(self, clock: Clock, nvtx: Nvtx, threads: int = 1, switch_interval_s: float = 1e-4) -> None:
-        super().__init__(clock, nvtx)
-        self.device = torch.device("cpu")
+    def __init__(self, clock: Clock, nvtx: Nvtx, threads: int = 1, split: bool = False,
+                 switch_interval_s: float = 1e-4) -> None:
+        super().__init__(clock, nvtx, DeviceMemory(torch.device("cpu"), split))
         self._queue: queue.SimpleQueue[DeviceWork | None] = queue.SimpleQueue()
         self._pieces: dict[int, list[Piece]] = {}
         self._old_interval = sys.getswitchinterval()
+        self._old_threads = torch.get_num_threads()
         sys.setswitchinterval(switch_interval_s)
         if threads > 0:
             torch.set_num_threads(threads)
@@ -102,6 +96,7 @@ class CpuWorkerStream(DeviceStream):
             while (work := self._queue.get()) is not None:
                 pieces = self._pieces.pop(id(work))
                 if failed is None:  # after a failure the stream is poisoned: later work is not run
+                    # This thread is the device: its iteration range is its own, not the host's.
                     nvtx.push("iteration")
                     try:
                         for name, fn in pieces:
@@ -140,39 +135,33 @@ class CpuWorkerStream(DeviceStream):
             self._queue.put(None)
             self._thread.join(timeout=30)
         sys.setswitchinterval(self._old_interval)
+        torch.set_num_threads(self._old_threads)
 
 
 class CudaStream(DeviceStream):
     def __init__(self, clock: Clock, nvtx: Nvtx, device: torch.device) -> None:
-        super().__init__(clock, nvtx)
-        self.device = device
+        super().__init__(clock, nvtx, DeviceMemory(device, split=True))
         self.stream = torch.cuda.Stream(device=device)
-        # Device times are mapped onto the run clock through one reference event.
+        # Device times are mapped onto the run clock through one reference event, kept as a raw
+        # perf_counter() reading: the run clock may be reset after the stream is built (it is), and
+        # each conversion uses the clock's start as it is then.
         self._ref = torch.cuda.Event(enable_timing=True)
         self._ref.record(self.stream)
         self._ref.synchronize()
-        self._ref_s = clock.now()
-
-    def host_buffer(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        return torch.zeros(shape, dtype=dtype).pin_memory()
-
-    def device_mirror(self, host: torch.Tensor) -> torch.Tensor:
-        return torch.zeros_like(host, device=self.device)
+        self._ref_perf_s = time.perf_counter()
 
     def enqueue(self, iteration: int, pieces: list[Piece]) -> DeviceWork:
         work = DeviceWork(iteration)
+        # Issued on the host thread: its phase ranges nest in the host's own iteration range (one per
+        # step, never a second), and Nsight Systems projects the kernels onto them.
         with torch.cuda.stream(self.stream), torch.inference_mode():
-            self.nvtx.push("iteration")
-            try:
-                for name, fn in pieces:
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record(self.stream)
-                    with self.nvtx.range(name):
-                        fn()
-                    end.record(self.stream)
-                    work._events.append((name, start, end))
-            finally:
-                self.nvtx.pop()
+            for name, fn in pieces:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record(self.stream)
+                with self.nvtx.range(name):
+                    fn()
+                end.record(self.stream)
+                work._events.append((name, start, end))
         return work
 
     def wait(self, work: DeviceWork) -> float:
@@ -180,18 +169,18 @@ class CudaStream(DeviceStream):
         if work._events:
             work._events[-1][2].synchronize()
         waited = time.perf_counter() - t
+        ref = self.clock.at(self._ref_perf_s)
         for name, start, end in work._events:
-            work.times[name] = (self._ref_s + self._ref.elapsed_time(start) / 1e3,
-                                self._ref_s + self._ref.elapsed_time(end) / 1e3)
+            work.times[name] = (ref + self._ref.elapsed_time(start) / 1e3, ref + self._ref.elapsed_time(end) / 1e3)
         work._events.clear()
         if not work.done():
             work._finish()
         return waited
 
 
-def make_stream(device: str, clock: Clock, nvtx: Nvtx, threads: int = 1) -> DeviceStream:
+def make_stream(device: str, clock: Clock, nvtx: Nvtx, threads: int = 1, memory: str = "shared") -> DeviceStream:
     if device == "cpu":
-        return CpuWorkerStream(clock, nvtx, threads=threads)
+        return CpuWorkerStream(clock, nvtx, threads=threads, split=memory == "split")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: CUDA is not available on this machine")

@@ -29,15 +29,17 @@ class IterationRecord:
     num_context_requests: int = 0  # context chunks (prefill) in the forward
     num_generation_requests: int = 0  # one-token generation rows, padding rows included
     num_tokens: int = 0  # tokens computed, padding included
-    num_padding_tokens: int = 0  # computed for nothing: static's pad tokens and finished rows
+    num_padding_tokens: int = 0  # computed for nothing: pad tokens, rows of requests already finished
     num_samples: int = 0  # rows sampled (tokens produced, before discards)
     kv_read_tokens: int = 0  # KV entries attention reads (each request's whole context)
     attention_pairs: int = 0  # (query, key) pairs scored by attention
     # Executor state when the step was scheduled.
     active_slots: int = 0
     waiting_requests: int = 0
-    kv_blocks_used: int = 0
+    kv_blocks_used: int = 0  # blocks held by running requests
     kv_blocks_total: int = 0
+    kv_blocks_cached: int = 0  # cached blocks nobody holds: free, but reusable by a prefix hit
+    kv_evictions: int = 0  # cached blocks wiped by this iteration's allocations
     preemptions: int = 0  # requests preempted by this iteration's schedule
 
     def to_dict(self) -> dict:

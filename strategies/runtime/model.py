@@ -1,102 +1,18 @@
 """A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a packed token batch.
 
 The forward takes one flat list of tokens that mixes context (prefill) chunks and generation steps of
-different requests. Every token is bound to a request slot; keys and values are written into the
-per-slot KV cache at the token's position and attention reads the slot's cache back, so a request's
-history never has to travel with the batch. The module is TorchScript-compatible: on CPU the whole
+different requests. Every token carries the page it writes its key and value to (the paged KV cache:
+``kv_cache.py``); attention reads a request's history back through its row of the step's block table,
+so a request's history never has to travel with the batch. The module is TorchScript-compatible: on CPU the whole
 forward runs as one scripted call that releases the GIL (see ``device.py`` for why that matters).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
-
 import torch
 from torch import nn
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-           "float16": torch.float16}
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    """Shapes of a Llama-style model; field names follow Hugging Face's LlamaConfig."""
-
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    rope_theta: float = 10000.0
-    rms_norm_eps: float = 1e-5
-    max_position_embeddings: int = 2048
-    tie_word_embeddings: bool = False
-    eos_token_id: int = 2
-    dtype: str = "float32"
-    seed: int = 0  # seeds the random weights of a preset; unused for a loaded checkpoint
-
-    def __post_init__(self) -> None:
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError("model config: hidden_size must be a multiple of num_attention_heads")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError("model config: num_attention_heads must be a multiple of num_key_value_heads")
-        if self.head_dim % 2:
-            raise ValueError("model config: head_dim must be even for RoPE")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"model config: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if not 0 <= self.eos_token_id < self.vocab_size:
-            raise ValueError("model config: eos_token_id must be inside the vocabulary")
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
-
-    @property
-    def num_parameters(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        kv = self.num_key_value_heads * self.head_dim
-        per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
-        return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + h
-
-    def with_dtype(self, dtype: str) -> ModelConfig:
-        return replace(self, dtype=dtype)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-PRESETS: dict[str, ModelConfig] = {
-    # Fast enough for the test suite: every strategy runs a few hundred requests in seconds.
-    "tiny": ModelConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=1024),
-    # For benchmarks: large enough that the device step dominates a host step on CPU.
-    "small": ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=2, intermediate_size=688, max_position_embeddings=2048),
-}
-
-
-def resolve_model_config(name_or_path: str) -> ModelConfig:
-    """A preset name, or a Hugging Face checkpoint directory (its ``config.json``)."""
-    if name_or_path in PRESETS:
-        return PRESETS[name_or_path]
-    path = Path(name_or_path)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"--model {name_or_path!r}: not a preset ({', '.join(PRESETS)}) "
-                         "and not a checkpoint directory with config.json")
-    from strategies.runtime.checkpoint import config_from_hf
-
-    return config_from_hf(json.loads((path / "config.json").read_text()), source=str(path))
+from strategies.runtime.model_config import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -124,71 +40,55 @@ class Attention(nn.Module):
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
         self.group = cfg.num_attention_heads // cfg.num_key_value_heads
-        self.scale = cfg.head_dim ** -0.5
         h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
         self.q_proj = nn.Linear(h, h, bias=False)
         self.k_proj = nn.Linear(h, kv, bias=False)
         self.v_proj = nn.Linear(h, kv, bias=False)
         self.o_proj = nn.Linear(h, h, bias=False)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor,
-                ctx_starts: list[int], ctx_lens: list[int], ctx_slots: list[int], ctx_pos0: list[int],
-                num_ctx_tokens: int, gen_kmax: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor,
+                v_pool: torch.Tensor, kv_index: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, gen_kv: torch.Tensor,
+                gen_mask: torch.Tensor) -> torch.Tensor:
         t = x.size(0)
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        # Write this step's keys/values first: a token attends to itself and to its slot's history.
-        k_cache[token_slots, :, positions] = k  # k_cache: [S, Hkv, max_seq, D]
-        v_cache[token_slots, :, positions] = v
+        # Write this step's keys/values into their pages first: a token attends to itself too.
+        k_pool.index_copy_(1, kv_index, k.transpose(0, 1))  # k_pool: [Hkv, blocks * tokens_per_block, D]
+        v_pool.index_copy_(1, kv_index, v.transpose(0, 1))
         out = torch.empty_like(q)  # [T, H, D]
         for i in range(len(ctx_starts)):
-            s, n, slot, p0 = ctx_starts[i], ctx_lens[i], ctx_slots[i], ctx_pos0[i]
-            kv_len = p0 + n
+            s, n, p0 = ctx_starts[i], ctx_lens[i], ctx_pos0[i]
             # 4-D views: the batched layout takes PyTorch's fused CPU kernel (2x the 3-D path's speed).
             qi = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            ki = k_cache[slot, :, :kv_len].unsqueeze(0)  # [1, Hkv, K, D], a view
-            vi = v_cache[slot, :, :kv_len].unsqueeze(0)
-            if p0 == 0:
+            if p0 == 0:  # a whole prompt: its own keys are all it attends to, no page is read
+                ki = k[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hkv, n, D]
+                vi = v[s:s + n].transpose(0, 1).unsqueeze(0)
                 oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
-            else:  # a later chunk of a chunked prefill: causal with an offset
-                qpos = torch.arange(p0, kv_len, device=x.device).unsqueeze(1)  # [n, 1]
-                mask = torch.arange(kv_len, device=x.device).unsqueeze(0) <= qpos  # [n, K]
+            else:  # a later chunk, or a prompt whose prefix was cached: read the pages, causal with an offset
+                ki = k_pool.index_select(1, ctx_kv[i]).unsqueeze(0)  # [1, Hkv, p0 + n, D]
+                vi = v_pool.index_select(1, ctx_kv[i]).unsqueeze(0)
+                qpos = torch.arange(p0, p0 + n, device=x.device).unsqueeze(1)  # [n, 1]
+                mask = torch.arange(p0 + n, device=x.device).unsqueeze(0) <= qpos  # [n, p0 + n]
                 oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
             out[s:s + n] = oi[0].transpose(0, 1)
-        g = t - num_ctx_tokens
-        if g > 0:
-            out[num_ctx_tokens:] = self._generation(q[num_ctx_tokens:], k_cache, v_cache, token_slots[num_ctx_tokens:],
-                                                    positions[num_ctx_tokens:], gen_kmax)
+        if t > num_ctx_tokens:
+            out[num_ctx_tokens:] = self._generation(q[num_ctx_tokens:], k_pool, v_pool, gen_kv, gen_mask)
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
-
-    def _generation(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slots: torch.Tensor,
-                    positions: torch.Tensor, kmax: int) -> torch.Tensor:
-        """One query per request, batched over their slots' caches. When most slots are generating, the
-        cache is read in place for every slot (a strided view, no copy) and the rows that matter are
-        picked afterwards; otherwise the few slots in use are gathered."""
-        g, num_slots = q.size(0), k_cache.size(0)
-        qg = q.view(g, self.num_kv_heads, self.group, self.head_dim)  # [G, Hkv, grp, D]
-        if 2 * g >= num_slots:
-            q_all = torch.zeros((num_slots, self.num_kv_heads, self.group, self.head_dim), dtype=q.dtype,
-                                device=q.device)  # [S, Hkv, grp, D]
-            q_all[slots] = qg
-            pos_all = torch.zeros(num_slots, dtype=positions.dtype, device=q.device)  # idle slots see position 0
-            pos_all[slots] = positions
-            keys, values, qb, pb = k_cache[:, :, :kmax], v_cache[:, :, :kmax], q_all, pos_all
-        else:
-            keys, values, qb, pb = k_cache[slots, :, :kmax], v_cache[slots, :, :kmax], qg, positions
-        scores = torch.matmul(qb, keys.transpose(-1, -2)) * self.scale  # [B, Hkv, grp, K]
-        future = torch.arange(kmax, device=q.device).unsqueeze(0) > pb.unsqueeze(1)  # [B, K]
-        scores = scores.masked_fill(future.view(-1, 1, 1, kmax), float("-inf"))
-        o = torch.matmul(torch.softmax(scores.float(), dim=-1).to(values.dtype), values)  # [B, Hkv, grp, D]
-        if 2 * g >= num_slots:
-            o = o[slots]
-        return o.reshape(g, self.num_heads, self.head_dim)
+    def _generation(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, gen_kv: torch.Tensor,
+                    gen_mask: torch.Tensor) -> torch.Tensor:
+        """One query per request, batched: every request's pages are gathered (head-major, so the gather
+        is matmul-ready without a transpose copy) and positions past each request's own are masked."""
+        g, kmax = q.size(0), gen_mask.size(-1)
+        qh = q.view(g, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)  # [Hkv, G, grp, D]
+        keys = k_pool.index_select(1, gen_kv).view(self.num_kv_heads, g, kmax, self.head_dim)  # [Hkv, G, K, D]
+        values = v_pool.index_select(1, gen_kv).view(self.num_kv_heads, g, kmax, self.head_dim)
+        o = torch.nn.functional.scaled_dot_product_attention(qh, keys, values, attn_mask=gen_mask)  # [Hkv, G, grp, D]
+        return o.transpose(0, 1).reshape(g, self.num_heads, self.head_dim)
 
 
 class MLP(nn.Module):
@@ -210,13 +110,18 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor,
-                v_cache: torch.Tensor, token_slots: torch.Tensor, positions: torch.Tensor,
-                ctx_starts: list[int], ctx_lens: list[int], ctx_slots: list[int], ctx_pos0: list[int],
-                num_ctx_tokens: int, gen_kmax: int) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, token_slots, positions,
-                               ctx_starts, ctx_lens, ctx_slots, ctx_pos0, num_ctx_tokens, gen_kmax)
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor,
+                v_pool: torch.Tensor, kv_index: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, gen_kv: torch.Tensor,
+                gen_mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, kv_index, ctx_starts, ctx_lens,
+                               ctx_pos0, ctx_kv, num_ctx_tokens, gen_kv, gen_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def page_index(table_row: torch.Tensor, positions: torch.Tensor, tokens_per_block: int) -> torch.Tensor:
+    """Flat page index of each position for one block-table row: block * tokens_per_block + offset."""
+    return table_row[positions // tokens_per_block] * tokens_per_block + positions % tokens_per_block
 
 
 class LlamaModel(nn.Module):
@@ -232,10 +137,13 @@ class LlamaModel(nn.Module):
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
 
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, token_slots: torch.Tensor,
-                k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
-                ctx_slots: list[int], ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int,
-                sample_rows: torch.Tensor) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, kv_index: torch.Tensor,
+                k_pools: torch.Tensor, v_pools: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, gen_kv: torch.Tensor,
+                gen_mask: torch.Tensor, sample_rows: torch.Tensor) -> torch.Tensor:
+        """token_ids, positions, kv_index: [T]; k_pools, v_pools: [L, Hkv, pages, D]; ctx_kv: page
+        indices of every key a later context chunk reads; gen_kv [G*K] / gen_mask [1, G, 1, K]: the
+        generation rows' pages and which of them each row may see."""
         x = self.embed_tokens(token_ids)  # [T, hidden]
         freqs = positions.float().unsqueeze(1) * self.inv_freq.float().unsqueeze(0)  # [T, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
@@ -243,22 +151,39 @@ class LlamaModel(nn.Module):
         sin = emb.sin().to(x.dtype).unsqueeze(1)
         layer = 0
         for block in self.layers:
-            x = block(x, cos, sin, k_cache[layer], v_cache[layer], token_slots, positions,
-                      ctx_starts, ctx_lens, ctx_slots, ctx_pos0, num_ctx_tokens, gen_kmax)
-            layer += 1  # noqa: SIM113 - TorchScript indexes the cache by a plain int
+            x = block(x, cos, sin, k_pools[layer], v_pools[layer], kv_index, ctx_starts, ctx_lens, ctx_pos0,
+                      ctx_kv, num_ctx_tokens, gen_kv, gen_mask)
+            layer += 1  # noqa: SIM113 - TorchScript indexes the pools by a plain int
         return self.lm_head(self.norm(x[sample_rows]))  # [B, vocab]
 
     @torch.jit.export
-    def step(self, token_ids: torch.Tensor, positions: torch.Tensor, token_slots: torch.Tensor,
-             k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
-             ctx_slots: list[int], ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int,
-             sample_rows: torch.Tensor, last_token: torch.Tensor, logits_out: torch.Tensor) -> None:
-        """The engine's forward as one call: generation inputs are read from the decoder state's
-        ``last_token`` on the device, and the logits land in the runtime buffer ``logits_out``."""
-        if token_ids.size(0) > num_ctx_tokens:
-            token_ids[num_ctx_tokens:] = last_token[token_slots[num_ctx_tokens:]]
-        logits = self.forward(token_ids, positions, token_slots, k_cache, v_cache, ctx_starts, ctx_lens, ctx_slots,
-                              ctx_pos0, num_ctx_tokens, gen_kmax, sample_rows)
+    def step(self, tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+             ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int, tokens_per_block: int,
+             sample_rows: torch.Tensor, last_token: torch.Tensor, k_pools: torch.Tensor, v_pools: torch.Tensor,
+             logits_out: torch.Tensor) -> None:
+        """The engine's forward as one call. tokens [T, 4]: id, position, slot, page index; block_table
+        [R, W]: the pages of each request in the step (context chunks, then generation rows). Generation
+        inputs are read from the decoder state's ``last_token`` on the device; logits land in
+        ``logits_out`` (float32 whatever the model dtype, as Hugging Face samples)."""
+        token_ids, positions = tokens[:, 0], tokens[:, 1]
+        t = tokens.size(0)
+        if t > num_ctx_tokens:
+            token_ids[num_ctx_tokens:] = last_token[tokens[num_ctx_tokens:, 2]]
+        ctx_kv: list[torch.Tensor] = []
+        for i in range(len(ctx_starts)):
+            p0 = ctx_pos0[i]
+            if p0 > 0:
+                ctx_kv.append(page_index(block_table[i], torch.arange(p0 + ctx_lens[i], device=tokens.device),
+                                         tokens_per_block))
+            else:
+                ctx_kv.append(torch.empty(0, dtype=torch.long, device=tokens.device))
+        g = t - num_ctx_tokens
+        kpos = torch.arange(gen_kmax, device=tokens.device)  # [K]
+        rows = block_table[len(ctx_starts):len(ctx_starts) + g]  # [G, W]
+        gen_kv = (rows[:, kpos // tokens_per_block] * tokens_per_block + kpos % tokens_per_block).flatten()  # [G*K]
+        gen_mask = (kpos.unsqueeze(0) <= positions[num_ctx_tokens:].unsqueeze(1)).view(1, g, 1, gen_kmax)
+        logits = self.forward(token_ids, positions, tokens[:, 3], k_pools, v_pools, ctx_starts, ctx_lens, ctx_pos0,
+                              ctx_kv, num_ctx_tokens, gen_kv, gen_mask, sample_rows)
         logits_out[: logits.size(0)].copy_(logits)
 
 

@@ -68,6 +68,8 @@ class Request:
     finish_reason: str | None = None  # "stop", "length", or why it was rejected / failed
     preemptions: int = 0
     admitted_seq: int = -1  # admission order: max-utilization preempts the most recent first
+    cached_tokens: int = 0  # prompt tokens read from the prefix cache at first admission, not computed
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks (block manager)
 
     def __post_init__(self) -> None:
         prompt = np.asarray(self.prompt_token_ids, dtype=np.int64)
@@ -115,11 +117,14 @@ class Request:
         self.num_output_tokens += 1
         self.token_times_s.append(now_s)
 
-    def admit(self, slot: int, seq: int) -> None:
+    def admit(self, slot: int, seq: int, cached_tokens: int = 0) -> None:
+        """Take ``slot``; the first ``cached_tokens`` tokens' keys are already in cached blocks."""
+        if self.admitted_seq < 0:
+            self.cached_tokens = min(cached_tokens, self.prompt_len)
         self.status = Status.RUNNING
         self.slot = self.last_slot = slot
         self.admitted_seq = seq
-        self.num_computed_tokens = 0
+        self.num_computed_tokens = cached_tokens
         self.context_target = self.prompt_len + self.num_output_tokens
 
     def preempt(self) -> None:

@@ -1,9 +1,11 @@
 """Runtime buffers: the engine's inputs and outputs for one forward.
 
-Token ids, positions and slot ids of every token in the packed batch, the rows whose hidden state is
-sampled, and the logits of those rows. Allocated once at the maximum sizes (pinned on the host when the
-device is CUDA); each iteration writes a prefix and the engine reads views of it. A buffer set is owned
-by one in-flight step from prepare until its outputs are read, which is why overlap keeps two.
+Per token of the packed batch: its id, position, slot and the KV page it writes; per request in the
+step: its row of the block table (the pages attention reads); per sampled row: which packed token it
+is; and the logits of those rows (float32 on the device, whatever the model dtype, as Hugging Face
+samples). Allocated once at the maximum sizes; each iteration writes a prefix on the host and the
+device stream uploads exactly that prefix (``memory.Mirrored``). A buffer set is owned by one
+in-flight step from prepare until its outputs are read, which is why overlap keeps two.
 """
 
 from __future__ import annotations
@@ -12,67 +14,86 @@ import numpy as np
 import torch
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.device import DeviceStream
+from strategies.runtime.memory import DeviceMemory, Mirrored
+
+ID, POSITION, SLOT, PAGE = range(4)  # columns of ``tokens``
 
 
 class RuntimeBuffers:
-    def __init__(self, max_tokens: int, max_batch: int, max_seq_len: int, vocab_size: int,
-                 stream: DeviceStream, logits_dtype: torch.dtype) -> None:
+    def __init__(self, max_tokens: int, max_batch: int, max_seq_len: int, tokens_per_block: int, vocab_size: int,
+                 memory: DeviceMemory) -> None:
+        max_blocks_per_seq = -(-max_seq_len // tokens_per_block)
         self.max_tokens = max_tokens
-        self.max_batch = max_batch
-        self.max_seq_len = max_seq_len
-        self.host = stream.host_buffer((3, max_tokens), torch.int64)  # [3, T] ids, positions, slots
-        self.host_rows = stream.host_buffer((max_batch,), torch.int64)  # [B] packed row of each sample
-        self.dev = stream.device_mirror(self.host)
-        self.dev_rows = stream.device_mirror(self.host_rows)
-        self.logits = torch.empty((max_batch, vocab_size), dtype=logits_dtype, device=stream.device)  # [B, V]
-        self._np = self.host.numpy()
-        self._rows_np = self.host_rows.numpy()
+        self.tokens = Mirrored(memory, (max_tokens, 4), torch.int64)  # [T, 4] id, position, slot, page
+        self.rows = Mirrored(memory, (max_batch,), torch.int64)  # [B] packed token of each sampled row
+        # [R * W] flat, viewed as [R, W] for the step's R requests and W widest row, so that the upload
+        # is one contiguous prefix however wide this step's rows are.
+        self.block_table = Mirrored(memory, (max_batch * max_blocks_per_seq,), torch.int64)
+        self.logits = memory.zeros((max_batch, vocab_size), torch.float32)  # [B, V]
+        self.tokens_per_block = tokens_per_block
         self._arange = np.arange(max_seq_len, dtype=np.int64)
         # Segment metadata travels as host ints: the context loop needs them to shape its kernels.
         self.ctx_starts: list[int] = []
         self.ctx_lens: list[int] = []
-        self.ctx_slots: list[int] = []
         self.ctx_pos0: list[int] = []
         self.num_tokens = 0
         self.num_ctx_tokens = 0
         self.num_samples = 0
         self.gen_kmax = 0
+        self.table_shape = (0, 0)
 
-    def fill(self, batch: ScheduledBatch) -> None:
-        """Write the batch's tokens into the host side; generation inputs stay on the device."""
-        ids, pos, slots = self._np
+    def fill(self, batch: ScheduledBatch, table: np.ndarray) -> None:
+        """Write the batch into the host side; ``table`` is the block manager's per-slot block table.
+        Generation inputs stay on the device (the decoder state's last token)."""
         if batch.num_tokens > self.max_tokens:
             raise ValueError(f"batch of {batch.num_tokens} tokens exceeds the buffers' {self.max_tokens}")
-        self.ctx_starts, self.ctx_lens, self.ctx_slots, self.ctx_pos0 = [], [], [], []
-        off = rows = 0
+        tok, rows, tokens_per_block = self.tokens.np, self.rows.np, self.tokens_per_block
+        self.ctx_starts, self.ctx_lens, self.ctx_pos0 = [], [], []
+        slots: list[int] = []  # the block-table row of each request, in step order
+        off = num_rows = width = 0
         for c in batch.context:
-            r = c.request
-            n = c.length + c.padding
-            ids[off:off + c.length] = r.token_ids[c.start:c.start + c.length]
-            ids[off + c.length:off + n] = 0
-            pos[off:off + n] = self._arange[c.start:c.start + n]
-            slots[off:off + n] = r.slot
+            r, n = c.request, c.length + c.padding
+            pos = self._arange[c.start:c.start + n]
+            tok[off:off + c.length, ID] = r.token_ids[c.start:c.start + c.length]
+            tok[off + c.length:off + n, ID] = 0
+            tok[off:off + n, POSITION] = pos
+            tok[off:off + n, SLOT] = r.slot
+            tok[off:off + n, PAGE] = table[r.slot, pos // tokens_per_block] * tokens_per_block + pos % tokens_per_block
             self.ctx_starts.append(off)
             self.ctx_lens.append(n)
-            self.ctx_slots.append(r.slot)
             self.ctx_pos0.append(c.start)
+            slots.append(r.slot)
+            width = max(width, -(-(c.start + n) // tokens_per_block))
             if c.samples:
-                self._rows_np[rows] = off + c.length - 1
-                rows += 1
+                rows[num_rows] = off + c.length - 1
+                num_rows += 1
             off += n
         self.num_ctx_tokens = off
+        g = len(batch.generation)
         kmax = 0
-        for g in batch.generation:
-            ids[off] = 0  # replaced on the device by the slot's last sampled token
-            pos[off] = g.position
-            slots[off] = g.request.slot
-            kmax = max(kmax, g.position + 1)
-            self._rows_np[rows] = off
-            rows += 1
-            off += 1
-        self.num_tokens, self.num_samples, self.gen_kmax = off, rows, kmax
+        if g:
+            gen_slots = np.fromiter((s.request.slot for s in batch.generation), np.int64, g)
+            gen_pos = np.fromiter((s.position for s in batch.generation), np.int64, g)
+            end = off + g
+            tok[off:end, ID] = 0  # replaced on the device by the slot's last sampled token
+            tok[off:end, POSITION] = gen_pos
+            tok[off:end, SLOT] = gen_slots
+            tok[off:end, PAGE] = table[gen_slots, gen_pos // tokens_per_block] * tokens_per_block \
+                + gen_pos % tokens_per_block
+            rows[num_rows:num_rows + g] = np.arange(off, end)
+            slots.extend(gen_slots.tolist())
+            kmax = int(gen_pos.max()) + 1
+            width = max(width, -(-kmax // tokens_per_block))
+        self.num_tokens, self.num_samples, self.gen_kmax = off + g, num_rows + g, kmax
+        self.table_shape = (len(slots), width)
+        self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = table[slots, :width]
 
-    def to_device(self, stream: DeviceStream) -> None:
-        stream.copy_prefix(self.dev, self.host, self.num_tokens)
-        stream.copy_prefix(self.dev_rows, self.host_rows, self.num_samples)
+    def upload(self) -> None:
+        """Issued on the device stream: the prefixes this step's fill wrote."""
+        self.tokens.upload(self.num_tokens)
+        self.rows.upload(self.num_samples)
+        self.block_table.upload(self.table_shape[0] * self.table_shape[1])
+
+    def device_block_table(self) -> torch.Tensor:
+        r, w = self.table_shape
+        return self.block_table.dev[:r * w].view(r, w)  # [R, W]

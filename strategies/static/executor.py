@@ -1,58 +1,95 @@
 """Static batching: a batch is formed only when the executor is idle and runs until all of it is done.
 
-Prompts are padded to the longest in the batch, and rows whose request has finished keep computing as
-padding until the last one is done (as FasterTransformer and ``generate`` do). Nothing is admitted
-mid-batch; slots and KV blocks are returned when the batch ends.
+Prompts are padded to the longest in the batch and prefilled in forwards of at most ``max_num_tokens``
+tokens (whole rows each); then every row decodes together, and rows whose request has finished keep
+computing as padding until the last one is done (as FasterTransformer and ``generate`` do). Nothing is
+admitted mid-batch. A row reserves the KV its padded prompt and the batch's decode steps really write,
+and slots and blocks are returned when the batch ends.
 """
 
 from __future__ import annotations
 
-from strategies.base import Strategy, register
+from collections import deque
+
+from strategies.base import Strategy
 from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
 from strategies.runtime.request import Request, Status
 
 
-@register
 class StaticStrategy(Strategy):
     name = "static"
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.batch: list[Request] = []
+        self._to_prefill: deque[Request] = deque()
+        self._longest = 0  # the batch's padded prompt length
 
     def max_tokens_per_step(self) -> int:
-        # The padded prefill of a full batch: static batching has no per-iteration token budget.
-        return self.config.max_batch_size * self.config.max_seq_len
+        return max(self.config.max_num_tokens, self.config.max_batch_size)
+
+    def rejection(self, r: Request) -> str | None:
+        reason = super().rejection(r)
+        if reason is None and r.prompt_len > self.config.max_num_tokens:
+            reason = f"prompt ({r.prompt_len}) exceeds max_num_tokens ({self.config.max_num_tokens}): one forward"
+        return reason
 
     def schedule(self, iteration: int) -> ScheduledBatch:
-        if self.batch:
-            return self._decode_step(iteration)
         batch = ScheduledBatch(iteration)
-        while self.waiting and len(self.batch) < self.config.max_batch_size:
-            r = self.waiting[0]
-            reserve = r.prompt_len + r.max_new_tokens
-            if not self.kv.can_grow(r.request_id, reserve):
-                break
-            self.waiting.popleft()
-            self._admit(r, reserve)
-            self.batch.append(r)
-            batch.admitted.append(r)
-        longest = max((r.prompt_len for r in self.batch), default=0)
-        for r in self.batch:
-            batch.context.append(ContextChunk(r, 0, r.prompt_len, True, padding=longest - r.prompt_len))
-            r.num_computed_tokens = r.prompt_len
-            r.pending_samples += 1
+        if not self.batch:
+            self._form_batch(batch)
+        if self._to_prefill:
+            self._prefill(batch)
+        elif self.batch:
+            self._decode(batch)
         return batch
 
-    def _decode_step(self, iteration: int) -> ScheduledBatch:
-        batch = ScheduledBatch(iteration)
+    def _row_tokens(self, r: Request, longest: int, max_new: int) -> int:
+        """KV a row writes: its padded prompt, then one position per decode step of the whole batch."""
+        return min(self.config.max_seq_len, max(longest, r.prompt_len + max_new))
+
+    def _form_batch(self, batch: ScheduledBatch) -> None:
+        rows: list[tuple[Request, list[int]]] = []
+        longest = max_new = need = 0
+        while self.waiting and len(rows) < self.config.max_batch_size:
+            r = self.waiting[0]
+            hits = self.kv.prefix_hit(r)
+            grown = (max(longest, r.prompt_len), max(max_new, r.max_new_tokens))
+            if grown != (longest, max_new):  # every row's reservation grows with the batch's extremes
+                need = sum(self.kv.admission_blocks(h, self._row_tokens(x, *grown)) for x, h in rows)
+            need += self.kv.admission_blocks(hits, self._row_tokens(r, *grown))
+            if need > self.kv.free_blocks:
+                break
+            self.waiting.popleft()
+            rows.append((r, hits))
+            longest, max_new = grown
+        for r, hits in rows:
+            self._admit(r, hits, self._row_tokens(r, longest, max_new))
+            batch.admitted.append(r)
+        self.batch = [r for r, _ in rows]
+        self._to_prefill = deque(self.batch)
+        self._longest = longest
+
+    def _prefill(self, batch: ScheduledBatch) -> None:
+        budget = self.config.max_num_tokens
+        while self._to_prefill:
+            r = self._to_prefill[0]
+            n = self._longest - r.num_computed_tokens  # from the cached prefix to the padded end
+            if n > budget:
+                break
+            self._to_prefill.popleft()
+            real = r.prompt_len - r.num_computed_tokens
+            batch.context.append(ContextChunk(r, r.num_computed_tokens, real, True, padding=n - real))
+            r.num_computed_tokens = r.prompt_len
+            r.pending_samples += 1
+            budget -= n
+
+    def _decode(self, batch: ScheduledBatch) -> None:
         last = self.config.max_seq_len - 1
-        for r in self.batch:
-            done = r.status.terminal
-            batch.generation.append(GenerationStep(r, min(r.num_computed_tokens, last), padding=done))
+        for r in self.batch:  # finished rows too: they are computed and their output discarded
+            batch.generation.append(GenerationStep(r, min(r.num_computed_tokens, last)))
             r.num_computed_tokens += 1
             r.pending_samples += 1
-        return batch
 
     def _finish(self, r: Request, reason: str) -> None:
         # The row stays in the batch (as padding) and keeps its slot until the whole batch is done.
@@ -61,7 +98,7 @@ class StaticStrategy(Strategy):
         self.source.on_finished(r)
 
     def _after_step(self) -> None:
-        if all(r.status.terminal for r in self.batch):
+        if self.batch and all(r.status.terminal for r in self.batch):
             for r in self.batch:
                 self._release(r)
             self.batch = []

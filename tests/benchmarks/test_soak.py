@@ -14,10 +14,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from harness.runner import build_requests, run_strategy
 from harness.traces import synthetic_trace
-from strategies.base import get_strategy
 from strategies.config import ExecutorConfig
+from strategies.registry import get_strategy
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import PRESETS, build_model
+from strategies.runtime.model import build_model
+from strategies.runtime.model_config import PRESETS
 from strategies.runtime.request import SamplingParams
 
 pytestmark = pytest.mark.soak

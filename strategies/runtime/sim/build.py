@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from strategies.config import ExecutorConfig
 from strategies.runtime.clock import Clock
-from strategies.runtime.model import ModelConfig
+from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.sim.config import SimConfig
 from strategies.runtime.sim.cost import CostModel, DeviceProfile
 from strategies.runtime.sim.device import SimStream, VirtualClock
 from strategies.runtime.sim.engine import SimEngine
@@ -12,17 +12,19 @@ from strategies.runtime.sim.specs import resolve_model_spec
 from strategies.runtime.tracing import Nvtx
 
 
-def cost_model(config: ExecutorConfig) -> CostModel:
-    sim = config.sim
-    assert sim is not None
+def cost_model(sim: SimConfig) -> CostModel:
     profile = DeviceProfile.load(sim.profile) if sim.profile else DeviceProfile.for_gpu(sim.gpu)
     return CostModel(resolve_model_spec(sim.model_spec), profile, sim.tp)
 
 
-def sim_engine(model_cfg: ModelConfig, config: ExecutorConfig, clock: Clock, nvtx: Nvtx,
+def virtual_clock(sim: SimConfig) -> VirtualClock:
+    return VirtualClock(sim.host_time, sim.host_ms_per_iteration / 1e3, sim.host_us_per_request / 1e6)
+
+
+def sim_engine(model_cfg: ModelConfig, sim: SimConfig, clock: Clock, nvtx: Nvtx,
                sizes: dict) -> tuple[SimStream, SimEngine]:
     if not isinstance(clock, VirtualClock):
         raise ValueError("the simulated device needs a VirtualClock (strategies.base.make_clock)")
-    cost = cost_model(config)
+    cost = cost_model(sim)
     stream = SimStream(clock, nvtx, cost.profile.launch_latency_s, cost.profile.sync_latency_s)
     return stream, SimEngine(model_cfg, None, stream, cost=cost, **sizes)

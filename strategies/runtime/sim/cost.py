@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.model import ModelConfig
+from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.specs import GPUS, GpuSpec
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}

@@ -17,6 +17,7 @@ import torch
 
 from strategies.runtime.clock import Clock
 from strategies.runtime.device import DeviceStream, DeviceWork, Piece
+from strategies.runtime.memory import DeviceMemory
 from strategies.runtime.tracing import Nvtx
 
 
@@ -65,8 +66,7 @@ class VirtualClock(Clock):
 class SimStream(DeviceStream):
     def __init__(self, clock: VirtualClock, nvtx: Nvtx, launch_latency_s: float = 0.0,
                  sync_latency_s: float = 0.0) -> None:
-        super().__init__(clock, nvtx)
-        self.device = torch.device("cpu")
+        super().__init__(clock, nvtx, DeviceMemory(torch.device("cpu"), split=False))
         self.clock: VirtualClock = clock
         self.launch_latency_s = launch_latency_s
         self.sync_latency_s = sync_latency_s

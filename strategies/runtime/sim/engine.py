@@ -6,7 +6,7 @@ import torch
 
 from strategies.runtime.device import DeviceWork
 from strategies.runtime.engine import BufferSet, Engine
-from strategies.runtime.model import ModelConfig
+from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.cost import CostModel
 
 SIM_VOCAB = 512
@@ -23,12 +23,13 @@ def proxy_config(spec: ModelConfig) -> ModelConfig:
 class SimModel(torch.nn.Module):
     """Deterministic, cheap logits: a peak at a hash of (input token, position). No KV is kept."""
 
-    def step(self, token_ids: torch.Tensor, positions: torch.Tensor, token_slots: torch.Tensor,
-             k_cache: torch.Tensor, v_cache: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
-             ctx_slots: list[int], ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int,
-             sample_rows: torch.Tensor, last_token: torch.Tensor, logits_out: torch.Tensor) -> None:
+    def step(self, tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+             ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int, tokens_per_block: int,
+             sample_rows: torch.Tensor, last_token: torch.Tensor, k_pools: torch.Tensor, v_pools: torch.Tensor,
+             logits_out: torch.Tensor) -> None:
+        token_ids, positions = tokens[:, 0], tokens[:, 1]
         if token_ids.size(0) > num_ctx_tokens:
-            token_ids[num_ctx_tokens:] = last_token[token_slots[num_ctx_tokens:]]
+            token_ids[num_ctx_tokens:] = last_token[tokens[num_ctx_tokens:, 2]]
         b = sample_rows.size(0)
         peak = (token_ids[sample_rows] * 1103 + positions[sample_rows] * 2654435 + 12345) % logits_out.size(1)  # [B]
         out = logits_out[:b]
@@ -41,8 +42,8 @@ class SimEngine(Engine):
         self.cost_model = cost
         super().__init__(cfg, SimModel(), stream, **kwargs)
 
-    def _kv_storage(self, num_slots: int, max_seq_len: int):
-        return None  # nothing to store: the forward is not computed
+    def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> None:
+        return None  # nothing to store: the forward is not computed (blocks are still managed and counted)
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         total = self.cost_model.step_time(bufs.work)

@@ -1,0 +1,76 @@
+"""The shapes of a Llama-style model, and the presets built from a seed."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
+           "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Shapes of a Llama-style model; field names follow Hugging Face's LlamaConfig."""
+
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    eos_token_id: int = 2
+    dtype: str = "float32"
+    seed: int = 0  # seeds the random weights of a preset; unused for a loaded checkpoint
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "intermediate_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model config: {name} must be positive, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("model config: hidden_size must be a multiple of num_attention_heads")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError("model config: num_attention_heads must be a multiple of num_key_value_heads")
+        if self.head_dim % 2:
+            raise ValueError("model config: head_dim must be even for RoPE")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"model config: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if not 0 <= self.eos_token_id < self.vocab_size:
+            raise ValueError("model config: eos_token_id must be inside the vocabulary")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def num_parameters(self) -> int:
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        kv = self.num_key_value_heads * self.head_dim
+        per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
+        return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + h
+
+    def with_dtype(self, dtype: str) -> ModelConfig:
+        return replace(self, dtype=dtype)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # Fast enough for the test suite: every strategy runs a few hundred requests in seconds.
+    "tiny": ModelConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=1024),
+    # For benchmarks: large enough that the device step dominates a host step on CPU.
+    "small": ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
+                         num_key_value_heads=2, intermediate_size=688, max_position_embeddings=2048),
+}
