@@ -25,12 +25,13 @@ def spy(tmp_path_factory):
     return lib
 
 
-def run_with_spy(spy, tmp_path, strategy):
-    log = tmp_path / f"{strategy}.log"
+def run_with_spy(spy, tmp_path, strategy, memory="shared"):
+    log = tmp_path / f"{strategy}-{memory}.log"
     env = {**os.environ, "NVTX_INJECTION64_PATH": str(spy), "SLOTBENCH_NVTX_LOG": str(log)}
     p = subprocess.run([sys.executable, "-m", "harness.cli", "run", "--model", "tiny", "--strategies", strategy,
                         "--num-prompts", "6", "--input-len", "8", "--output-len", "4", "--warmup", "0",
-                        "--no-progress", "--out", str(tmp_path / strategy)], env=env, capture_output=True,
+                        "--device-memory", memory, "--no-progress", "--out", str(tmp_path / f"{strategy}-{memory}")],
+                       env=env, capture_output=True,
                        text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     return log.read_text().splitlines()
@@ -53,9 +54,10 @@ def ranges_by_thread(lines):
     return done
 
 
+@pytest.mark.parametrize("memory", ["shared", "split"])
 @pytest.mark.parametrize("strategy", ["static", "inflight", "overlap"])
-def test_phase_ranges_nest_inside_iterations(spy, tmp_path, strategy):
-    lines = run_with_spy(spy, tmp_path, strategy)
+def test_phase_ranges_nest_inside_iterations(spy, tmp_path, strategy, memory):
+    lines = run_with_spy(spy, tmp_path, strategy, memory)
     assert lines[0] == "init"
     threads = ranges_by_thread(lines[1:])
     host = [t for t, r in threads.items() if any(n == "schedule" for n, _ in r)]

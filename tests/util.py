@@ -49,12 +49,14 @@ def make_requests(specs: list[tuple[list[int], int, SamplingParams]], arrival_s:
 
 
 def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
-                 requests: list[Request]):
+                 requests: list[Request], keep_open: bool = False):
+    """Serve ``requests``; ``keep_open`` leaves the engine alive for inspection (the caller closes)."""
     strategy = get_strategy(name)(model_cfg, model, config)
     try:
         strategy.run(ListSource(requests))
     finally:
-        strategy.close()
+        if not keep_open:
+            strategy.close()
     return strategy
 
 

@@ -1,0 +1,178 @@
+"""The device memory layer: split mode runs the CUDA path's buffers and copies on CPU, in CI.
+
+Split mode gives the device tensors of its own; every transfer is a copy issued on the stream. These
+tests check that the split device really is separate, that copies are only ever contiguous staging
+prefixes, that every strategy gives the same tokens in both modes, and that launching never waits for
+the device.
+"""
+
+import threading
+import time
+import weakref
+
+import numpy as np
+import pytest
+import torch
+
+import harness.runner
+from harness.runner import run_strategy as harness_run
+from strategies.config import ExecutorConfig
+from strategies.registry import PEERS, get_strategy, strategy_names
+from strategies.runtime.memory import DeviceMemory, Mirrored
+from strategies.runtime.request import SamplingParams
+from tests.util import TINY64, ListSource, make_requests, reference_decode, run_strategy, tiny_models
+
+STRATEGIES = [s for s in strategy_names() if s not in PEERS]  # every slotbench strategy, later ones too
+
+
+def mixed_specs():
+    """Greedy and sampled requests, some stopping at EOS, of different lengths."""
+    rng = np.random.default_rng(11)
+    specs = []
+    for i in range(14):
+        prompt = rng.integers(3, 500, size=int(rng.integers(3, 40))).tolist()
+        sampling = SamplingParams(temperature=0.9, top_p=0.9, seed=i) if i % 3 == 0 else SamplingParams()
+        specs.append((prompt, int(rng.integers(1, 20)), sampling))
+    return specs
+
+
+def test_split_memory_gives_the_device_its_own_tensors():
+    _, scripted = tiny_models()
+    s = get_strategy("overlap")(TINY64, scripted, ExecutorConfig(max_batch_size=4, max_seq_len=64,
+                                                                  device_memory="split"))
+    try:
+        host_weights = {n: p.data_ptr() for n, p in scripted.named_parameters()}
+        dev_weights = {n: p.data_ptr() for n, p in s.engine.model.named_parameters()}
+        assert host_weights.keys() == dev_weights.keys()
+        assert not set(host_weights.values()) & set(dev_weights.values())
+        for bufs in s.engine.buffer_sets:
+            for m in (bufs.runtime.tokens, bufs.runtime.rows, bufs.runtime.block_table, bufs.step.slots,
+                      bufs.step.admit, bufs.step.admit_f, bufs.step.out):
+                assert m.dev is not m.host and m.dev.data_ptr() != m.host.data_ptr()
+    finally:
+        s.close()
+
+
+def test_copies_are_contiguous_staging_prefixes():
+    mem = DeviceMemory(torch.device("cpu"), split=True)
+    table = Mirrored(mem, (8, 3), torch.int64)
+    table.np[:2] = [[1, 2, 3], [4, 5, 6]]
+    table.upload(2)
+    assert table.dev[:2].tolist() == [[1, 2, 3], [4, 5, 6]] and table.dev[2:].abs().sum() == 0
+    with pytest.raises(RuntimeError, match="strided"):
+        mem.upload(table.dev[:, 1], table.host[:, 1], 2)  # a column: the copy the CUDA path used to issue
+    with pytest.raises(RuntimeError, match="not a staging buffer"):
+        mem.upload(table.dev, torch.zeros(8, 3, dtype=torch.int64), 2)
+    shared = DeviceMemory(torch.device("cpu"), split=False)
+    m = Mirrored(shared, (4,), torch.int64)
+    assert m.dev is m.host  # shared: the device reads the host's buffer, nothing is copied
+    with pytest.raises(ValueError, match="always split"):
+        DeviceMemory(torch.device("cuda"), split=False)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_every_strategy_gives_the_same_tokens_in_shared_and_split_memory(name):
+    eager, scripted = tiny_models()
+    specs = mixed_specs()
+    expected = [reference_decode(eager, TINY64, r) for r in make_requests(specs)]
+    tokens = {}
+    for memory in ("shared", "split"):
+        for policy in ("guaranteed-no-evict", "max-utilization"):
+            cfg = ExecutorConfig(max_batch_size=5, max_seq_len=64, max_num_tokens=48, tokens_per_block=4, kv_blocks=40,
+                                 capacity_policy=policy, chunked_prefill=True, device_memory=memory)
+            reqs = make_requests(specs)
+            run_strategy(name, TINY64, scripted, cfg, reqs)
+            tokens[memory, policy] = [r.output_token_ids for r in reqs]
+            assert tokens[memory, policy] == expected, (memory, policy)
+
+
+@pytest.mark.parametrize("name", STRATEGIES)
+def test_launch_returns_while_the_device_is_busy(name):
+    """Hold the device worker on a gate, launch the next step, and see the launch return before the
+    gate opens. A launch that waited for the device (a blocking copy, a read of a device tensor)
+    would hold the gate shut until its timeout."""
+    _, scripted = tiny_models()
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, device_memory="split", instrument=False)
+    s = get_strategy(name)(TINY64, scripted, cfg)
+    launch, timed_out, launches = s.engine.launch, [], []
+
+    def gated_launch(iteration, bufs):
+        opened = threading.Event()
+
+        def gate():  # the device is busy until the host's launch has returned
+            if not opened.wait(timeout=5):
+                timed_out.append(iteration)
+
+        s.stream.enqueue(-1, [("gate", gate)])
+        t = time.perf_counter()
+        work = launch(iteration, bufs)
+        launches.append((time.perf_counter() - t, work.done()))
+        opened.set()
+        return work
+
+    s.engine.launch = gated_launch
+    reqs = make_requests([(list(range(1, 9 + i)), 6, SamplingParams(ignore_eos=True)) for i in range(6)])
+    try:
+        s.run(ListSource(reqs))
+    finally:
+        s.close()
+    assert timed_out == [] and len(launches) >= 6
+    assert all(not done for _, done in launches)  # the step was still queued behind the gate
+    assert max(t for t, _ in launches) < 1.0
+    assert all(r.num_output_tokens == 6 for r in reqs)
+
+
+def test_warmup_executor_is_released_before_the_measured_run(monkeypatch):
+    """Two KV pools on a card at once would halve what a run can use: the warm-up's must be gone."""
+    _, scripted = tiny_models()
+    pools = []
+    base = get_strategy("inflight")
+
+    class Spy(base):
+        def __init__(self, *args, **kwargs):
+            assert all(ref() is None for ref in pools), "an earlier executor's KV pool is still alive"
+            super().__init__(*args, **kwargs)
+            pools.append(weakref.ref(self.engine.kv.k))
+
+    monkeypatch.setattr(harness.runner, "get_strategy", lambda name: Spy)
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64)
+    run = harness_run("inflight", TINY64, scripted, cfg, make_requests([([1, 2, 3], 3, SamplingParams())] * 3),
+                      warmup=make_requests([([4, 5], 2, SamplingParams())]))
+    assert run.error is None and len(pools) == 2
+
+
+def test_logits_stay_float32_whatever_the_model_dtype():
+    cfg = TINY64.with_dtype("bfloat16")
+    from strategies.runtime.engine import script_model
+    from strategies.runtime.model import build_model
+
+    model = script_model(build_model(cfg))
+    s = get_strategy("inflight")(cfg, model, ExecutorConfig(max_batch_size=2, max_seq_len=32))
+    try:
+        assert all(b.runtime.logits.dtype == torch.float32 for b in s.engine.buffer_sets)
+        assert s.engine.kv.k.dtype == torch.bfloat16
+    finally:
+        s.close()
+
+
+def test_static_buffers_are_sized_by_the_token_budget_not_seq_len_times_batch():
+    _, scripted = tiny_models()
+    cfg = ExecutorConfig(max_batch_size=64, max_seq_len=1024, max_num_tokens=256)
+    s = get_strategy("static")(TINY64, scripted, cfg)
+    try:
+        assert s.engine.buffer_sets[0].runtime.tokens.host.shape[0] == 256  # not 64 x 1024
+    finally:
+        s.close()
+
+
+def test_gpu_check_script_runs_in_split_memory():
+    """scripts/gpu-check is what a GPU machine runs; its --device cpu form runs the same checks here."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu-check"
+    p = subprocess.run([sys.executable, str(script), "--device", "cpu"], capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert lines[-1] == "10/10 checks passed" and sum(line.startswith("PASS ") for line in lines) == 10
