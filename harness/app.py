@@ -63,7 +63,7 @@ def make_trace(opts: RunOptions) -> Trace:
         trace = synthetic_trace(opts.num_prompts, opts.input_len, opts.output_len, request_rate=opts.request_rate,
                                 burstiness=opts.burstiness, length_dist=opts.length_dist,
                                 range_ratio=opts.range_ratio, output_range_ratio=opts.output_range_ratio,
-                                seed=opts.seed)
+                                prefix_len=opts.prefix_len, num_prefixes=opts.num_prefixes, seed=opts.seed)
     else:
         trace = load_trace(opts.trace, opts.trace_format)
     fit = Fit(start_offset_s=opts.start_offset, limit=opts.limit, time_scale=opts.time_scale,
@@ -111,6 +111,7 @@ def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
                             f"weights {cost.weight_bytes / 1e9:.0f} GB leave no room for KV (try a larger --tp)")
         executor = dataclasses.replace(executor, kv_blocks=blocks)
     info = {"kv_capacity_tokens": capacity, "weight_bytes": cost.weight_bytes,
+            "kv_bytes": executor.total_kv_blocks * executor.tokens_per_block * cost.kv_bytes_per_token,
             "kv_bytes_per_token": cost.kv_bytes_per_token, "profile": dataclasses.asdict(cost.profile)}
     return executor, info
 
@@ -184,7 +185,8 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     rows: list[dict] = []
     try:
         for name in opts.strategies:
-            requests = build_requests(list(trace.requests), defaults, model_cfg.vocab_size, opts.seed)
+            requests = build_requests(list(trace.requests), defaults, model_cfg.vocab_size, opts.seed,
+                                      max_seq_len=opts.max_seq_len)
             bar = tqdm(total=len(requests), desc=f"{name:>8}", unit="req", file=sys.stderr, disable=not progress,
                        mininterval=0.5, leave=True)
             run = run_strategy(name, model_cfg, model, executor, requests, max_concurrency=opts.max_concurrency,
@@ -236,6 +238,10 @@ def _write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, 
         "versions": _versions(),
         "seed": opts.seed,
         "device": opts.device,
+        "device_memory": executor.memory,
+        # What the KV pools allocate: --kv-blocks x --tokens-per-block tokens (the simulated device: modelled).
+        "kv_bytes": (sim_info["kv_bytes"] if sim_info else
+                     executor.total_kv_blocks * executor.tokens_per_block * model_cfg.kv_bytes_per_token),
         # measured: real host code timed on the run clock; modelled: configured costs (simulated device)
         "host_time": executor.sim.host_time if executor.sim else "measured",
         "sim": sim_info,

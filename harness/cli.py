@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("trace-info", help="rows, duration, rate, length percentiles, burstiness")
     info.add_argument("path")
     info.add_argument("--trace-format", default="auto")
+    info.add_argument("--tokens-per-block", type=int, default=16, help="KV block size of the ideal prefix hit rate")
+    info.add_argument("--length-scale", type=float, default=1.0, help="as in `run`: scales lengths and prefix blocks")
+    info.add_argument("--limit", type=int, default=None, help="as in `run`: the first N requests")
     return p
 
 
@@ -116,9 +119,12 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_trace_info(args: argparse.Namespace) -> int:
-    from harness.traces import load_trace, trace_info
+    from harness.traces import Fit, fit_trace, load_trace, trace_info
 
-    print(json.dumps(trace_info(load_trace(args.path, args.trace_format)), indent=2))
+    if args.tokens_per_block <= 0:
+        raise UserError(f"--tokens-per-block must be positive, got {args.tokens_per_block}")
+    trace = fit_trace(load_trace(args.path, args.trace_format), Fit(length_scale=args.length_scale, limit=args.limit))
+    print(json.dumps(trace_info(trace, args.tokens_per_block), indent=2))
     return 0
 
 

@@ -3,6 +3,7 @@
 TTFT = first_token_s − arrival_s; E2EL = finish_s − arrival_s; TPOT = (E2EL − TTFT) / (output − 1) for
 requests with more than one token (request-weighted); ITL = consecutive gaps of token times, pooled over
 requests (token-weighted). duration = last finish − first arrival. Throughputs count completed requests.
+prefix_cache_hit_rate = prompt tokens read from the prefix cache / prompt tokens, over completed requests.
 Std is the population std; percentiles interpolate linearly. Request metrics need only
 ``requests.parquet`` and ``tokens.jsonl``; engine metrics need only ``iterations.parquet``.
 """
@@ -74,6 +75,9 @@ def request_metrics(requests: pd.DataFrame, token_times: dict[str, list[float]],
         "total_input_tokens": int(done["input_tokens"].sum()),
         "total_output_tokens": int(done["output_tokens"].sum()),
     }
+    if "cached_tokens" in done:  # prompt tokens served from the prefix cache, of completed requests' prompts
+        prompt = done["input_tokens"].sum()
+        out["prefix_cache_hit_rate"] = float(done["cached_tokens"].sum() / prompt) if prompt else float("nan")
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else float("nan")
     out["duration_s"] = duration
     ok = duration > 0
@@ -119,4 +123,5 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
         "host_ms_per_iteration": float(host.mean() * 1e3),
         "device_ms_per_iteration": float((it["sample_end_s"] - it["forward_start_s"]).mean() * 1e3),
         "preemptions": int(it["preemptions"].sum()),
+        "kv_evictions": int(it["kv_evictions"].sum()) if "kv_evictions" in it else 0,
     }

@@ -2,8 +2,9 @@
 
 ``requests.parquet`` columns (one row per request; times are run-clock seconds):
   request_id, arrival_s, input_tokens, output_tokens, status (finished | rejected | failed),
-  finish_reason, first_token_s, finish_s, slot (the last slot it held), preemptions,
-  ttft_ms, tpot_ms, e2el_ms (derived, NaN where undefined).
+  finish_reason, first_token_s, finish_s, slot (the last slot it held), preemptions, cached_tokens (prompt
+  tokens read from the prefix cache instead of computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where
+  undefined).
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
 ``tokens.jsonl``: {"request_id", "tokens": [int], "times_s": [float]} per request.
 """
@@ -19,7 +20,8 @@ from strategies.runtime.iteration import ITERATION_COLUMNS, IterationRecord
 from strategies.runtime.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
-                   "first_token_s", "finish_s", "slot", "preemptions", "ttft_ms", "tpot_ms", "e2el_ms"]
+                   "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "ttft_ms", "tpot_ms",
+                   "e2el_ms"]
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
@@ -33,9 +35,10 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else nan
         rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
                      r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
-                     r.preemptions, ttft, tpot, e2el))
+                     r.preemptions, r.cached_tokens, ttft, tpot, e2el))
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
+                      "cached_tokens": "int64",
                       "request_id": "string", "status": "string", "finish_reason": "string"})
 
 

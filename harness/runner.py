@@ -10,10 +10,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-import numpy as np
 import torch
 
 from harness.source import TraceSource
+from harness.traces.prompts import PromptBuilder
 from harness.traces.trace import TraceRequest
 from strategies.base import make_clock
 from strategies.config import ExecutorConfig
@@ -35,20 +35,23 @@ class StrategyRun:
 
 
 def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_size: int, seed: int,
-                   prefix: str = "") -> list[Request]:
-    """Requests for a trace; random prompt ids are drawn from ``seed`` so every strategy sees the same."""
-    rng = np.random.default_rng(seed)
+                   prefix: str = "", max_seq_len: int | None = None) -> list[Request]:
+    """Requests for a trace; random prompt ids are drawn from ``seed`` so every strategy sees the same.
+    A request longer than ``max_seq_len`` can never be served: its prompt is not built (a trace line
+    may claim any length), and the executor rejects it from its claimed size."""
+    prompts = PromptBuilder(vocab_size, seed)
     out = []
     for i, t in enumerate(trace):
-        prompt = (np.asarray(t.prompt_token_ids, dtype=np.int64) if t.prompt_token_ids is not None
-                  else rng.integers(0, vocab_size, size=t.input_tokens, dtype=np.int64))
+        fits = max_seq_len is None or t.input_tokens + t.output_tokens <= max_seq_len
+        prompt = prompts.prompt(t) if fits else None
         overrides = dict(t.sampling or {})
         if "stop_token_ids" in overrides:
             overrides["stop_token_ids"] = tuple(overrides["stop_token_ids"])
         # A distinct stream per request, derived from the run seed: reproducible, strategy-independent.
         overrides.setdefault("seed", (seed * 1_000_003 + i) % 2**32)
         sampling = replace(defaults, **overrides)
-        out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s))
+        out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s,
+                           num_prompt_tokens=t.input_tokens))
     return out
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.errors import UserError
-from harness.traces.trace import Trace, TraceRequest
+from harness.traces.trace import Trace
 
 
 @dataclass(frozen=True)
@@ -47,5 +47,8 @@ def fit_trace(trace: Trace, fit: Fit) -> Trace:
         if prompt is not None:  # explicit prompts are clipped, never stretched
             n_in = min(n_in, len(prompt))
             prompt = prompt[:n_in]
-        out.append(TraceRequest((r.arrival_s - t0) * fit.time_scale, n_in, n_out, r.request_id, prompt, r.sampling))
+        # A prefix block scales with the lengths, so a scaled prompt keeps the trace's sharing structure.
+        block = max(1, round(r.prefix_block_len * fit.length_scale)) if r.prefix_ids else r.prefix_block_len
+        out.append(replace(r, arrival_s=(r.arrival_s - t0) * fit.time_scale, input_tokens=n_in, output_tokens=n_out,
+                           prompt_token_ids=prompt, prefix_block_len=block))
     return trace.with_requests(out)

@@ -5,7 +5,8 @@
 - burstgpt: BurstGPT CSV, both layouts (``Timestamp,Model,Request tokens,Response tokens,...`` and the
   later one with ``Session ID`` and ``Elapsed time``); rows with zero response tokens are failed
   requests: skipped and counted.
-- mooncake: Mooncake JSONL ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``.
+- mooncake: Mooncake JSONL ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``; each hash id
+  stands for one 512-token prefix block, so prompts are built with the trace's prefix sharing.
 - slotbench: JSONL ``{"arrival_s", "input_tokens" | "prompt_token_ids", "output_tokens"}`` with optional
   ``request_id`` and sampling parameters.
 """
@@ -17,6 +18,7 @@ import hashlib
 import json
 import math
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -83,8 +85,7 @@ def detect_format(path: str, text: str) -> str:
 
 
 def _shift(r: TraceRequest, t0: float) -> TraceRequest:
-    return TraceRequest(r.arrival_s - t0, r.input_tokens, r.output_tokens, r.request_id, r.prompt_token_ids,
-                        r.sampling)
+    return replace(r, arrival_s=r.arrival_s - t0)
 
 
 def _number(path: str, line: int, column: str, value: object, integer: bool) -> float:
@@ -171,13 +172,21 @@ def _require(path: str, line: int, obj: dict, *keys: str) -> None:
         raise TraceError(path, line, f"missing key(s) {', '.join(missing)}")
 
 
+MOONCAKE_BLOCK = 512  # tokens per hash_ids entry, as published
+
+
 def _load_mooncake(path: str, text: str) -> tuple[list[TraceRequest], int]:
     rows = []
     for i, obj in _json_lines(path, text):
         _require(path, i, obj, "timestamp", "input_length", "output_length")
+        ids = obj.get("hash_ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(h, int) and not isinstance(h, bool)
+                                                                   and h >= 0 for h in ids)):
+            raise TraceError(path, i, "hash_ids: expected a list of non-negative integers")
         rows.append(TraceRequest(_number(path, i, "timestamp", obj["timestamp"], integer=False) / 1e3,
                                  _length(path, i, "input_length", obj["input_length"]),
-                                 _length(path, i, "output_length", obj["output_length"])))
+                                 _length(path, i, "output_length", obj["output_length"]),
+                                 prefix_ids=tuple(ids) if ids else None, prefix_block_len=MOONCAKE_BLOCK))
     return rows, 0
 
 

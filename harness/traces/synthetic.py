@@ -3,7 +3,8 @@
 Arrivals: ``request_rate`` requests/s with gamma inter-arrival times of shape ``burstiness`` (1.0 is
 Poisson; smaller is burstier), or all at t=0 when the rate is infinite. Lengths around a mean L:
 fixed; uniform in [L(1-r), L(1+r)] (vLLM's range ratio r); normal with std rL; lognormal with
-sigma r; zipf with exponent ``zipf_a`` scaled so the median is about L. Prompts are random ids.
+sigma r; zipf with exponent ``zipf_a`` scaled so the median is about L. Prompts are random ids, after
+an optional shared prefix.
 """
 
 from __future__ import annotations
@@ -53,7 +54,11 @@ def lengths(n: int, mean: int, dist: str, ratio: float, rng: np.random.Generator
 
 def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, request_rate: float = math.inf,
                     burstiness: float = 1.0, length_dist: str = "uniform", range_ratio: float = 0.0,
-                    output_range_ratio: float | None = None, seed: int = 0) -> Trace:
+                    output_range_ratio: float | None = None, prefix_len: int = 0, num_prefixes: int = 1,
+                    seed: int = 0) -> Trace:
+    """``prefix_len`` > 0 opens every prompt with one of ``num_prefixes`` shared prefixes (drawn per
+    request) before its ``input_len`` random tokens, as ``vllm bench serve --random-prefix-len`` and
+    SGLang's generated-shared-prefix dataset do."""
     if num_prompts <= 0:
         raise UserError(f"--num-prompts must be positive, got {num_prompts}")
     rng = np.random.default_rng(seed)
@@ -61,5 +66,12 @@ def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, reques
     n_in = lengths(num_prompts, input_len, length_dist, range_ratio, rng)
     n_out = lengths(num_prompts, output_len, length_dist,
                     range_ratio if output_range_ratio is None else output_range_ratio, rng)
-    reqs = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(t, n_in, n_out, strict=True)]
+    if prefix_len < 0 or num_prefixes <= 0:
+        raise UserError("--prefix-len must be >= 0 and --num-prefixes positive")
+    if prefix_len:
+        groups = rng.integers(0, num_prefixes, size=num_prompts)
+        reqs = [TraceRequest(float(a), prefix_len + int(i), int(o), prefix_ids=(int(g),), prefix_block_len=prefix_len)
+                for a, i, o, g in zip(t, n_in, n_out, groups, strict=True)]
+    else:
+        reqs = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(t, n_in, n_out, strict=True)]
     return Trace(tuple(reqs), source="synthetic", format="synthetic")

@@ -13,8 +13,12 @@ class TraceRequest:
     input_tokens: int
     output_tokens: int
     request_id: str | None = None
-    prompt_token_ids: tuple[int, ...] | None = None  # None: random ids are drawn (seeded)
+    prompt_token_ids: tuple[int, ...] | None = None  # None: built from prefix blocks and/or random (seeded)
     sampling: dict | None = None  # per-request sampling overrides (slotbench JSONL)
+    # Shared-prefix blocks (Mooncake hash_ids, synthetic prefixes): the prompt opens with the tokens of
+    # these blocks, each ``prefix_block_len`` long, cut to input_tokens; random tokens fill any rest.
+    prefix_ids: tuple[int, ...] | None = None
+    prefix_block_len: int = 0
 
 
 @dataclass(frozen=True)

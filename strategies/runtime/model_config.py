@@ -59,6 +59,11 @@ class ModelConfig:
         per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + h
 
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Keys and values of one token in every layer."""
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * self.torch_dtype.itemsize
+
     def with_dtype(self, dtype: str) -> ModelConfig:
         return replace(self, dtype=dtype)
 

@@ -52,10 +52,11 @@ class SamplingParams:
 @dataclass(eq=False)
 class Request:
     request_id: str
-    prompt_token_ids: np.ndarray  # int64 [prompt_len]
+    prompt_token_ids: np.ndarray | None  # int64 [prompt_len]; None: never built (too long to serve)
     max_new_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_s: float = 0.0  # when the client sent it, seconds since run start
+    num_prompt_tokens: int | None = None  # the claimed prompt length when prompt_token_ids is None
 
     status: Status = Status.WAITING
     slot: int | None = None
@@ -72,6 +73,12 @@ class Request:
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks (block manager)
 
     def __post_init__(self) -> None:
+        if self.prompt_token_ids is None:  # sized from the claim, allocated nothing: it is only rejected
+            self._claimed = int(self.num_prompt_tokens or 0)
+            self._tokens = np.zeros(0, dtype=np.int64)
+            self.prompt_token_ids = self._tokens
+            return
+        self._claimed = None
         prompt = np.asarray(self.prompt_token_ids, dtype=np.int64)
         # One buffer for prompt and outputs, so a resume after preemption prefills a plain slice.
         self._tokens = np.zeros(len(prompt) + max(self.max_new_tokens, 0), dtype=np.int64)
@@ -80,7 +87,7 @@ class Request:
 
     @property
     def prompt_len(self) -> int:
-        return len(self.prompt_token_ids)
+        return self._claimed if self._claimed is not None else len(self.prompt_token_ids)
 
     @property
     def token_ids(self) -> np.ndarray:

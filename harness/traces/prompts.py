@@ -1,0 +1,88 @@
+"""Prompt token ids for trace requests, and the prefix reuse a trace offers.
+
+A request's prompt is, in order: its explicit ids (slotbench JSONL), or the tokens of its shared-prefix
+blocks (Mooncake ``hash_ids``: one id per block of the trace's block size; synthetic ``--prefix-len``)
+cut to its length, then seeded random ids for whatever is left. A block id always stands for the same
+tokens, so requests that share ids share prefixes, as in the trace.
+
+``ideal_prefix_hit_rate`` says how much of a trace's prompts an infinite cache could serve, counted the
+way slotbench's block manager counts a hit (full ``tokens_per_block`` blocks of a chain that an earlier
+request computed, never the last prompt token) but computed from the block ids alone, without building
+a token or hashing one: an independent reckoning of what a run with a large cache must measure.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.traces.trace import TraceRequest
+
+
+class PromptBuilder:
+    def __init__(self, vocab_size: int, seed: int) -> None:
+        self.vocab_size = vocab_size
+        self.rng = np.random.default_rng(seed)
+        self._blocks: dict[tuple[int, int], np.ndarray] = {}
+
+    def block(self, block_id: int, length: int) -> np.ndarray:
+        """The tokens a prefix-block id stands for: a pure function of (id, length, vocabulary)."""
+        key = (block_id, length)
+        if key not in self._blocks:
+            rng = np.random.default_rng([block_id & 0xFFFFFFFFFFFF, length, self.vocab_size, 0x51B])
+            self._blocks[key] = rng.integers(0, self.vocab_size, size=length, dtype=np.int64)
+        return self._blocks[key]
+
+    def prompt(self, t: TraceRequest) -> np.ndarray:
+        if t.prompt_token_ids is not None:
+            return np.asarray(t.prompt_token_ids, dtype=np.int64)
+        if not t.prefix_ids:
+            return self.rng.integers(0, self.vocab_size, size=t.input_tokens, dtype=np.int64)
+        out = np.empty(t.input_tokens, dtype=np.int64)
+        n = 0
+        for block_id in t.prefix_ids:
+            if n >= t.input_tokens:
+                break
+            b = self.block(block_id, t.prefix_block_len)[: t.input_tokens - n]
+            out[n:n + len(b)] = b
+            n += len(b)
+        out[n:] = self.rng.integers(0, self.vocab_size, size=t.input_tokens - n, dtype=np.int64)
+        return out
+
+
+def ideal_prefix_hit_rate(requests: list[TraceRequest] | tuple[TraceRequest, ...], tokens_per_block: int) -> float:
+    """Prompt tokens an infinite cache serves / prompt tokens, requests in arrival order.
+
+    Block k of a prompt (tokens [k·tpb, (k+1)·tpb)) is determined by the prefix ids that cover those
+    tokens and by k; it is a hit when an earlier request computed the same (ids, k). A request computes
+    every full block of its prompt; it may reuse at most (prompt − 1) // tpb of them. Tokens past the
+    prefix blocks are random and never hit; explicit prompts are keyed by their tokens."""
+    seen: set[tuple] = set()
+    chains: dict[tuple, int] = {}  # (chain of the ids before, id) → a small int naming the id prefix
+    hit = total = 0
+    for t in requests:
+        total += t.input_tokens
+        full = t.input_tokens // tokens_per_block
+        keys = _block_keys(t, full, tokens_per_block, chains)
+        cap = (t.input_tokens - 1) // tokens_per_block
+        n = 0
+        while n < cap and keys[n] is not None and keys[n] in seen:
+            n += 1
+        hit += n * tokens_per_block
+        seen.update(k for k in keys if k is not None)
+    return hit / total if total else 0.0
+
+
+def _block_keys(t: TraceRequest, full: int, tpb: int, chains: dict[tuple, int]) -> list[tuple | None]:
+    """What determines each full block's tokens (and so its hash chain); None for a random block."""
+    if t.prompt_token_ids is not None:
+        return [("tokens", tuple(t.prompt_token_ids[:(k + 1) * tpb])) for k in range(full)]
+    ids = t.prefix_ids or ()
+    chain, prev = [], -1
+    for i in ids:  # chain[j] names ids[:j + 1]
+        prev = chains.setdefault((prev, i), len(chains))
+        chain.append(prev)
+    keys: list[tuple | None] = []
+    for k in range(full):
+        covering = -(-(k + 1) * tpb // t.prefix_block_len) if ids else 0
+        keys.append(("ids", t.prefix_block_len, chain[covering - 1], k) if 0 < covering <= len(ids) else None)
+    return keys
