@@ -49,7 +49,7 @@ def test_blocks_are_shared_by_reference_and_cached_blocks_outlive_their_request(
     kv.admit(0, kv.prefix_hit(a), 12)
     a.num_computed_tokens = 12
     kv.commit(0, a)
-    b = req(list(range(10, 22)) + [99])  # same 12, one more
+    b = req([*list(range(10, 22)), 99])  # same 12, one more
     hits = kv.prefix_hit(b)
     assert hits == list(kv.table[0, :3])  # the longest cached prefix: all three full blocks
     kv.admit(1, hits, 13)
@@ -125,7 +125,7 @@ def test_prefix_caching_changes_no_token(prefixes, rows, kv_blocks, max_batch):
 def test_prefix_hits_happen_and_skip_prefill():
     eager, scripted = tiny_models()
     system = list(range(100, 140))  # a 40-token shared prefix: 10 full blocks of 4
-    specs = [(system + [5 + i, 6 + i], 5, SamplingParams()) for i in range(6)]
+    specs = [([*system, 5 + i, 6 + i], 5, SamplingParams()) for i in range(6)]
     expected = [reference_decode(eager, TINY64, r) for r in make_requests(specs)]
     computed = {}
     for caching in (False, True):
