@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--tokens-per-block", type=int, default=16, help="KV block size of the ideal prefix hit rate")
     info.add_argument("--length-scale", type=float, default=1.0, help="as in `run`: scales lengths and prefix blocks")
     info.add_argument("--limit", type=int, default=None, help="as in `run`: the first N requests")
+    info.add_argument("--max-input-len", type=int, default=None, help="as in `run`: clip input lengths")
     return p
 
 
@@ -123,7 +124,8 @@ def _cmd_trace_info(args: argparse.Namespace) -> int:
 
     if args.tokens_per_block <= 0:
         raise UserError(f"--tokens-per-block must be positive, got {args.tokens_per_block}")
-    trace = fit_trace(load_trace(args.path, args.trace_format), Fit(length_scale=args.length_scale, limit=args.limit))
+    trace = fit_trace(load_trace(args.path, args.trace_format), Fit(length_scale=args.length_scale, limit=args.limit,
+                                                                          max_input_len=args.max_input_len))
     print(json.dumps(trace_info(trace, args.tokens_per_block), indent=2))
     return 0
 

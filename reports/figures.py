@@ -59,6 +59,8 @@ def _binned(t: np.ndarray, values: np.ndarray, t_max: float, how: str) -> tuple[
         return centers, np.bincount(idx, minlength=TIME_BINS) / (edges[1] - edges[0])
     sums = np.bincount(idx, weights=values, minlength=TIME_BINS)
     counts = np.bincount(idx, minlength=TIME_BINS)
+    if how == "sum":  # the bins that hold any value, so two sums over the same times line up
+        return centers[counts > 0], sums[counts > 0]
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = sums / counts
     keep = counts > 0
@@ -90,6 +92,38 @@ def over_time(runs: list[RunData]) -> go.Figure:
                                          line={"color": colors[(run.name, strategy)]}), row=i + 1, col=1)
     fig.update_xaxes(title_text="run time (s)", row=len(panels), col=1)
     fig.update_layout(title="Over time", height=220 * len(panels))
+    return fig
+
+
+def kv_cache(runs: list[RunData]) -> go.Figure:
+    """Blocks held and cached-but-free over time, and the prefix-cache hit rate of requests by arrival."""
+    titles = ["KV blocks held by running requests", "KV blocks cached, free but reusable",
+              "Prefix-cache hit rate (prompt tokens read from cache, requests by arrival)"]
+    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
+    colors, multi = _colors(runs), len(runs) > 1
+    for run in runs:
+        for strategy, it in run.iterations.items():
+            if it.empty:
+                continue
+            t = it["forward_start_s"].to_numpy(float)
+            t_max = float(np.nanmax(it["sample_end_s"].to_numpy(float)))
+            series = [_binned(t, it[c].to_numpy(float), t_max, "mean") if c in it else (np.array([]), np.array([]))
+                      for c in ("kv_blocks_used", "kv_blocks_cached")]
+            req = run.requests.get(strategy)
+            if req is not None and "cached_tokens" in req:
+                done = req[req["status"] == "finished"]
+                arr = done["arrival_s"].to_numpy(float)
+                cached = _binned(arr, done["cached_tokens"].to_numpy(float), t_max, "sum")
+                prompt = _binned(arr, done["input_tokens"].to_numpy(float), t_max, "sum")
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    series.append((cached[0], cached[1] / prompt[1]))
+            for i, (x, y) in enumerate(series):
+                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
+                                         legendgroup=f"{run.name}/{strategy}", showlegend=i == 0,
+                                         line={"color": colors[(run.name, strategy)]}), row=i + 1, col=1)
+    fig.update_yaxes(range=[0, 1], row=3, col=1)
+    fig.update_xaxes(title_text="run time (s)", row=3, col=1)
+    fig.update_layout(title="KV cache", height=700)
     return fig
 
 

@@ -46,7 +46,7 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
     if sweep is not None:
         figs.append(("Sweep", sweep))
     figs += [("Latency", figures.latency_cdfs(runs)), ("Over time", figures.over_time(runs)),
-             ("Padding", figures.padding(runs))]
+             ("KV cache", figures.kv_cache(runs)), ("Padding", figures.padding(runs))]
     figs += [(f"Iteration timeline: {r.name}", figures.iteration_gantt(r)) for r in runs[:4]]
     for i, (heading, fig) in enumerate(figs):
         parts.append(f"<h2>{html.escape(heading)}</h2>")

@@ -10,7 +10,8 @@ KEY_COLUMNS = ["run", "strategy", "completed", "rejected", "failed", "duration_s
                "output_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
                "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "p99_itl_ms", "mean_e2el_ms",
                "p99_e2el_ms", "request_goodput", "mean_batch_size", "slot_occupancy", "padding_fraction",
-               "device_busy_fraction", "host_ms_per_iteration", "preemptions"]
+               "device_busy_fraction", "host_ms_per_iteration", "preemptions", "prefix_cache_hit_rate",
+               "kv_evictions"]
 
 # Direction of "better" for the ratio table: throughputs up, latencies down.
 HIGHER_IS_BETTER = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")

@@ -76,7 +76,7 @@ def test_report_renders_in_chromium(evil_run, tmp_path, chromium):
                 page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length > 0")
                 plots = page.locator(".js-plotly-plot")
                 n = plots.count()
-                assert n == 3 + num_runs  # latency, over time, padding, and an iteration timeline per run
+                assert n == 4 + num_runs  # latency, over time, KV cache, padding, an iteration timeline per run
                 for i in range(n):
                     assert plots.nth(i).locator("svg.main-svg").count() >= 1, f"figure {i} has no SVG"
                 assert page.locator("table.data").count() == 2

@@ -1,7 +1,8 @@
 import numpy as np
+import pytest
 import torch
 
-from strategies.runtime.sampler import counter_uniform, sample
+from strategies.runtime.sampler import counter_uniform, filter_logits, sample
 
 
 def params(b, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, step=0):
@@ -99,3 +100,27 @@ def test_heterogeneous_parameters_in_one_batch():
     top1 = logits.argmax(-1)
     # greedy row, top-k=1 row and a vanishing top-p row are all forced to the argmax
     assert out[0] == top1[0] and out[1] == top1[1] and out[2] == top1[2]
+
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("top_k", [0, 1, 7, 60])
+@pytest.mark.parametrize("top_p", [1.0, 0.95, 0.6, 0.1])
+@pytest.mark.parametrize("min_p", [0.0, 0.05, 0.3])
+def test_filters_keep_exactly_what_hugging_face_keeps(top_k, top_p, min_p):
+    """Random logits, every combination: the tokens left with non-zero probability equal those that
+    transformers' TopKLogitsWarper → TopPLogitsWarper → MinPLogitsWarper leave."""
+    from transformers.generation.logits_process import MinPLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    g = torch.Generator().manual_seed(top_k * 1000 + int(top_p * 100) + int(min_p * 10))
+    scores = torch.randn(64, 500, generator=g) * torch.linspace(0.3, 4.0, 64).unsqueeze(1)  # flat to peaked rows
+    ours = filter_logits(scores, torch.full((64,), top_k), torch.full((64,), top_p), torch.full((64,), min_p))
+    ref = scores.clone()
+    if top_k:
+        ref = TopKLogitsWarper(top_k)(None, ref)
+    if top_p < 1:
+        ref = TopPLogitsWarper(top_p)(None, ref)
+    if min_p:
+        ref = MinPLogitsWarper(min_p)(None, ref)
+    assert torch.equal(torch.isfinite(ours), torch.isfinite(ref))

@@ -1,5 +1,8 @@
 """The device sampler: greedy, temperature, top-k, top-p and min-p, per request, as pure tensor code.
 
+Filters follow Hugging Face's semantics and order (TopK → TopP on the renormalised survivors → MinP, as
+vLLM also applies them).
+
 Randomness is counter-based: the noise for (seed, step, vocabulary index) is a hash of those three
 numbers, turned into Gumbel noise. A request's draw therefore depends only on its own seed and how many
 tokens it has generated — never on the batch around it, the slot it holds, or the strategy that ran it.
@@ -34,6 +37,26 @@ def counter_uniform(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -
 
 
 @torch.jit.script
+def filter_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's warpers in its order: top-k, then top-p on the renormalised survivors, then min-p;
+    removed tokens become -inf. scaled [B, V] (temperature applied); per-row parameters [B], where
+    top_k 0, top_p 1 and min_p 0 disable a filter."""
+    vocab = scaled.size(1)
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
+    ranks = torch.arange(vocab, device=scaled.device).unsqueeze(0)  # [1, V]
+    k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [B, 1]
+    remove = ranks >= k
+    probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)  # [B, V] over top-k survivors
+    # HF's TopP: drop tokens whose cumulative mass, summed from the least likely up, is <= 1 - top_p; the
+    # most likely token always stays. Summed in that order, as HF does, so borderline tokens agree.
+    tail = torch.flip(torch.cumsum(torch.flip(probs, [1]), dim=-1), [1])  # [B, V] mass at or below each token
+    remove = remove | ((tail <= (1.0 - top_p).unsqueeze(1)) & (ranks > 0))
+    # MinP compares to the most likely token: a ratio, so the renormalisation after top-p does not move it.
+    remove = remove | (probs < (min_p * probs[:, 0]).unsqueeze(1))
+    return torch.empty_like(scaled).scatter_(1, order, sorted_logits.masked_fill(remove, float("-inf")))
+
+
+@torch.jit.script
 def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
            min_p: torch.Tensor, seeds: torch.Tensor, steps: torch.Tensor, use_filters: bool,
            any_random: bool = True) -> torch.Tensor:
@@ -47,17 +70,7 @@ def sample(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor,
     vocab = logits.size(1)
     scaled = logits.float() / temperature.clamp(min=1e-6).unsqueeze(1)  # [B, V]
     if use_filters:
-        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
-        probs = torch.softmax(sorted_logits, dim=-1)  # [B, V]
-        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)  # [1, V]
-        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [B, 1]
-        remove = ranks >= k
-        # Keep the smallest prefix whose mass reaches top_p: a token goes when the mass before it does.
-        mass_before = torch.cumsum(probs, dim=-1) - probs
-        remove = remove | ((mass_before > top_p.unsqueeze(1)) & (top_p < 1.0).unsqueeze(1))
-        remove = remove | (probs < (min_p * probs[:, 0]).unsqueeze(1))
-        sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
-        scaled = torch.empty_like(scaled).scatter_(1, order, sorted_logits)
+        scaled = filter_logits(scaled, top_k, top_p, min_p)
     u = counter_uniform(seeds, steps, vocab)
     gumbel = -torch.log(-torch.log(u))  # [B, V]
     sampled = torch.max(scaled + gumbel, dim=-1)[1]  # [B]
