@@ -20,7 +20,7 @@ from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.request import SamplingParams
-from tests.util import TINY64, tiny_models
+from tests.util import TINY64, tiny_models, wait_for_progress
 
 STRATEGIES = ("static", "inflight", "overlap")
 TIMING_FIELDS = {f.name for f in dataclasses.fields(IterationRecord) if f.name.endswith("_s")}
@@ -103,9 +103,9 @@ def test_second_sigint_exits_at_once(tmp_path):
             "--request-rate", "200", "--max-seq-len", "64", "--input-len", "16", "--output-len", "8", "--warmup", "0",
             "--out", str(tmp_path / "r")]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)
+    wait_for_progress(proc, "inflight", 20)
     proc.send_signal(signal.SIGINT)
-    time.sleep(0.05)
+    time.sleep(0.05)  # the second Ctrl-C lands while the first one's cleanup runs
     proc.send_signal(signal.SIGINT)
     t = time.perf_counter()
     proc.communicate(timeout=60)

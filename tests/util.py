@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import re
+import select
+import subprocess
+import time
+
 import numpy as np
 import torch
 
@@ -70,8 +76,9 @@ def reference_decode(model: torch.nn.Module, cfg: ModelConfig, r: Request) -> li
     for step in range(r.max_new_tokens):
         n = len(tokens)
         pool = torch.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, n, cfg.head_dim), dtype=cfg.torch_dtype)
+        no_mask = torch.zeros((1, 0, 1, 0), dtype=cfg.torch_dtype)
         logits = model(torch.tensor(tokens), torch.arange(n), torch.arange(n), pool, torch.zeros_like(pool), [0], [n],
-                       [0], [no_gen], n, no_gen, torch.zeros((1, 0, 1, 0), dtype=torch.bool), torch.tensor([n - 1]))
+                       [0], [no_gen], n, no_gen, no_mask, torch.tensor([n - 1]))
         logits = logits.float()  # as Hugging Face samples: float32 logits whatever the model dtype
         tok = int(sample(logits, torch.tensor([s.temperature]), torch.tensor([s.top_k]), torch.tensor([s.top_p]),
                          torch.tensor([s.min_p]), torch.tensor([s.seed]), torch.tensor([step]), s.uses_filters)[0])
@@ -99,3 +106,23 @@ def assert_accounted(requests: list[Request]) -> None:
         assert r.finish_reason, f"{r.request_id} has no reason"
         if r.status is Status.FINISHED:
             assert 1 <= r.num_output_tokens <= r.max_new_tokens
+
+
+def wait_for_progress(proc: subprocess.Popen, strategy: str, done: int, timeout_s: float = 120.0) -> str:
+    """Read ``proc``'s stderr until the progress bar of ``strategy`` shows at least ``done`` finished
+    requests (tqdm redraws with carriage returns, so the pipe is read in chunks, not lines). Returns what
+    was read; fails if the process ends or the time runs out first."""
+    fd, seen = proc.stderr.fileno(), b""
+    bar = re.compile(rb"\s*" + re.escape(strategy.encode()) + rb":.*?\|\s*(\d+)/\d+")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            seen += chunk
+            counts = [int(m.group(1)) for m in bar.finditer(seen[-4096:])]
+            if counts and max(counts) >= done:
+                return seen.decode(errors="replace")
+    raise AssertionError(f"{strategy} never reached {done} requests; stderr so far: {seen[-500:]!r}")
