@@ -225,7 +225,7 @@ def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
     atomic_write_parquet(d / "requests.parquet", req_df)
     atomic_write_parquet(d / "iterations.parquet", it_df)
     atomic_write_text(d / "tokens.jsonl", tokens_jsonl(run.requests))
-    atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name))
+    atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name), indent=None)
     return summary_row(run, req_df, it_df, tokens, opts)
 
 
@@ -248,7 +248,7 @@ def _write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, 
         "trace": {"source": trace.source, "format": trace.format, "sha256": trace.sha256, "requests": len(trace),
                   "skipped_failed_rows": trace.skipped, "notes": list(trace.notes)},
         "strategies": [{"name": r.name, "wall_s": r.wall_s, "warmup_s": r.warmup_s, "error": r.error,
-                        "interrupted": r.interrupted} for r in runs],
+                        "interrupted": r.interrupted, "torch_threads": r.torch_threads} for r in runs],
     }
     atomic_write_json(staging / "run.json", run_json)
     atomic_write_text(staging / "summary.csv", summary.to_csv(index=False))

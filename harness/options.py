@@ -82,7 +82,7 @@ class RunOptions:
     metric_percentiles: str = _opt("90,99", "percentiles reported for each latency metric")
     goodput: tuple[str, ...] | None = _opt(None, "SLOs as METRIC:MS (ttft, tpot, e2el)", nargs="+")
     warmup: int = _opt(8, "warm-up requests per strategy (not measured)")
-    device_threads: int = _opt(1, "CPU: torch threads of the device worker")
+    device_threads: int = _opt(1, "CPU: torch threads of the device worker, and of a peer engine; 0: every CPU")
     compile: bool = _opt(True, "run the forward as one TorchScript call")
     instrument: bool = _opt(True, "emit NVTX ranges")
     profile_iters: str | None = _opt(None, "CUDA: iterations A-B bracketed by cudaProfilerStart/Stop")

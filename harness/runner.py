@@ -15,9 +15,10 @@ import torch
 from harness.source import TraceSource
 from harness.traces.prompts import PromptBuilder
 from harness.traces.trace import TraceRequest
-from strategies.base import make_clock
+from strategies.base import Executor, make_clock
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
+from strategies.runtime.compute import compute_budget
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.request import Request, SamplingParams, Status
@@ -32,6 +33,7 @@ class StrategyRun:
     error: str | None = None  # why the run stopped early, if it did
     interrupted: bool = False  # stopped by SIGINT
     warmup_s: float = 0.0
+    torch_threads: int = 0  # torch's intra-op threads while this strategy ran (warm-up included)
 
 
 def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_size: int, seed: int,
@@ -61,7 +63,20 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
                  on_end: Callable[[Request], None] | None = None,
                  fault_at_iteration: int | None = None,
                  profile_iters: tuple[int, int] | None = None) -> StrategyRun:
+    """Warm up, then replay ``requests`` through strategy ``name``. Every strategy, peers included, runs
+    with ``config.device_threads`` torch threads whatever ran before it, and leaves the process's thread
+    count and switch interval as it found them."""
     cls = get_strategy(name)
+    with compute_budget(config.device_threads) as threads:
+        run = _run(cls, model_cfg, model, config, requests, max_concurrency, warmup, on_end, fault_at_iteration,
+                   profile_iters)
+    return replace(run, torch_threads=threads)
+
+
+def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+         requests: list[Request], max_concurrency: int | None, warmup: list[Request] | None,
+         on_end: Callable[[Request], None] | None, fault_at_iteration: int | None,
+         profile_iters: tuple[int, int] | None) -> StrategyRun:
     warmup_s = 0.0
     if warmup:
         t = time.perf_counter()
@@ -94,7 +109,7 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
             if not r.status.terminal:
                 r.end(Status.FAILED, error)
                 r.slot = None
-    return StrategyRun(name, requests, strategy.records, wall, error, interrupted, warmup_s)
+    return StrategyRun(cls.name, requests, strategy.records, wall, error, interrupted, warmup_s)
 
 
 def _cuda_profiler_range(first: int, last: int) -> Callable[[int], None]:

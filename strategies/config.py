@@ -43,7 +43,7 @@ class ExecutorConfig:
         if self.device == "sim" and self.sim is None:
             raise ValueError("device 'sim' needs a SimConfig")
         if self.device_threads < 0:
-            raise ValueError("--device-threads must be >= 0 (0: leave torch's default)")
+            raise ValueError("--device-threads must be >= 0 (0: every CPU of the machine)")
         if not 0 <= self.kv_watermark < 1:
             raise ValueError(f"--kv-watermark must be in [0, 1), got {self.kv_watermark}")
         if self.device_memory is not None and self.device_memory not in MEMORY_MODES:

@@ -1,7 +1,10 @@
 """Peer engines (transformers) through the same runner: greedy tokens equal slotbench's for every request."""
 
+import sys
+
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 
@@ -39,3 +42,35 @@ def test_peers_refuse_sampling():
                           TINY64.vocab_size, seed=1)
     run_strategy("hf-static", TINY64, scripted, ExecutorConfig(max_batch_size=4, max_seq_len=64), reqs)
     assert all(r.status is Status.REJECTED and "greedy only" in r.finish_reason for r in reqs)
+
+
+def test_every_strategy_runs_with_the_device_threads_and_restores_the_process(monkeypatch):
+    """Equal compute: hf-static and hf-cb get --device-threads torch threads (observed inside their
+    forwards) whatever the process had before, and every strategy puts threads and switch interval back."""
+    from transformers import LlamaForCausalLM
+
+    seen: list[int] = []
+    forward = LlamaForCausalLM.forward
+
+    def counting_forward(self, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(LlamaForCausalLM, "forward", counting_forward)
+    _, scripted = tiny_models()
+    trace = synthetic_trace(4, 12, 4, seed=2)
+    old_threads, old_interval = torch.get_num_threads(), sys.getswitchinterval()
+    try:
+        torch.set_num_threads(2)
+        sys.setswitchinterval(0.0123)
+        for name in ("inflight", "hf-static", "hf-cb"):
+            seen.clear()
+            reqs = build_requests(list(trace.requests), SamplingParams(), TINY64.vocab_size, seed=2)
+            run = run_strategy(name, TINY64, scripted, ExecutorConfig(max_batch_size=4, max_seq_len=64), reqs)
+            assert run.error is None and run.torch_threads == 1
+            if name != "inflight":
+                assert seen and set(seen) == {1}, (name, set(seen))
+            assert torch.get_num_threads() == 2 and sys.getswitchinterval() == pytest.approx(0.0123), name
+    finally:
+        torch.set_num_threads(old_threads)
+        sys.setswitchinterval(old_interval)

@@ -11,15 +11,16 @@ shortened while the stream lives. Both streams move data through the same ``Devi
 from __future__ import annotations
 
 import queue
-import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
 
 from strategies.runtime.clock import Clock
+from strategies.runtime.compute import compute_budget
 from strategies.runtime.memory import DeviceMemory
 from strategies.runtime.tracing import Nvtx
 
@@ -80,11 +81,9 @@ class CpuWorkerStream(DeviceStream):
         super().__init__(clock, nvtx, DeviceMemory(torch.device("cpu"), split))
         self._queue: queue.SimpleQueue[DeviceWork | None] = queue.SimpleQueue()
         self._pieces: dict[int, list[Piece]] = {}
-        self._old_interval = sys.getswitchinterval()
-        self._old_threads = torch.get_num_threads()
-        sys.setswitchinterval(switch_interval_s)
-        if threads > 0:
-            torch.set_num_threads(threads)
+        # The worker's threads and a short switch interval for as long as the stream lives.
+        self._budget: AbstractContextManager[int] | None = compute_budget(threads, switch_interval_s)
+        self._budget.__enter__()
         self._thread = threading.Thread(target=self._run, name="slotbench-device", daemon=True)
         self._thread.start()
 
@@ -134,8 +133,9 @@ class CpuWorkerStream(DeviceStream):
         if self._thread.is_alive():
             self._queue.put(None)
             self._thread.join(timeout=30)
-        sys.setswitchinterval(self._old_interval)
-        torch.set_num_threads(self._old_threads)
+        if self._budget is not None:  # close may be called again after a failure
+            self._budget.__exit__(None, None, None)
+            self._budget = None
 
 
 class CudaStream(DeviceStream):
