@@ -29,9 +29,14 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: Path, obj: object) -> None:
-    """Strict JSON: NaN and infinities become null, as JSON has neither."""
-    atomic_write_text(path, json.dumps(_finite(obj), indent=2, default=_jsonable, allow_nan=False) + "\n")
+def atomic_write_json(path: Path, obj: object, *, indent: int | None = 2) -> None:
+    """Strict JSON: NaN and infinities become null, as JSON has neither. ``indent=None`` for large files:
+    only then does the json module use its C encoder (a timeline of 10^4 iterations: ~20x faster)."""
+    try:  # most objects hold no NaN: encode once, and walk the object only when it does
+        text = json.dumps(obj, indent=indent, default=_jsonable, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(obj), indent=indent, default=_jsonable, allow_nan=False)
+    atomic_write_text(path, text + "\n")
 
 
 def _finite(x: object) -> object:

@@ -43,7 +43,8 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
 
 
 def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
-    return pd.DataFrame([r.to_dict() for r in records], columns=ITERATION_COLUMNS)
+    # column by column: dataclasses.asdict per record costs ~0.1 ms each (a second per 10^4 iterations)
+    return pd.DataFrame({c: [getattr(r, c) for r in records] for c in ITERATION_COLUMNS}, columns=ITERATION_COLUMNS)
 
 
 def tokens_jsonl(requests: list[Request]) -> str:
