@@ -1,4 +1,8 @@
+import subprocess
+import sys
+
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.errors import TraceError, UserError
@@ -126,3 +130,35 @@ def test_synthetic_rate_burstiness_and_lengths():
         assert x.min() >= 1 and 30 < np.median(x) < 100, dist
     with pytest.raises(UserError, match="request-rate"):
         synthetic_trace(5, 10, 5, request_rate=-1)
+
+
+@pytest.mark.parametrize("line", [
+    '{"arrival_s": 0.0, "input_tokens": 1000000000000, "output_tokens": 8}',
+    '{"arrival_s": 0.0, "input_tokens": 8, "output_tokens": 1000000000000}',
+    '{"timestamp": 0, "input_length": 1000000000000, "output_length": 8, "hash_ids": [1, 2]}',
+])
+def test_a_line_claiming_a_trillion_tokens_is_sized_before_it_is_trusted(tmp_path, line):
+    """The claim is rejected from its size: nothing proportional to it is allocated (peak RSS stays that
+    of a small run), the other requests run, no traceback."""
+    trace = tmp_path / "t.jsonl"
+    other = line.replace("1000000000000", "8")
+    trace.write_text(f"{other}\n{line}\n{other}\n")
+    out = tmp_path / "out"
+    code = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+            "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); "
+            "sys.stderr.write(p.stderr)")
+    p = subprocess.run([sys.executable, "-c", code, sys.executable, "-m", "harness.cli", "run", "--model", "tiny",
+                        "--trace", str(trace), "--max-seq-len", "64", "--warmup", "0", "--no-progress",
+                        "--strategies", "inflight,static", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    returncode, max_rss_kib = map(int, p.stdout.split())
+    assert "Traceback" not in p.stderr
+    if returncode == 2:  # refusing the whole file is allowed: one clear line
+        assert len(p.stderr.strip().splitlines()) == 1
+    else:
+        assert returncode == 0, p.stderr
+        for strategy in ("inflight", "static"):
+            req = pd.read_parquet(out / strategy / "requests.parquet")
+            assert list(req["status"]) == ["finished", "rejected", "finished"]
+            assert "max_seq_len" in req["finish_reason"].iloc[1]
+    assert max_rss_kib < 2 * 1024 * 1024, f"peak RSS {max_rss_kib / 1024:.0f} MiB"
