@@ -66,8 +66,10 @@ def print_summary(summary: pd.DataFrame) -> None:
         print("no strategy produced results")
         return
     cols = [c for c in SUMMARY_COLUMNS if c in summary.columns]
-    with pd.option_context("display.width", 200, "display.max_columns", 40, "display.float_format", "{:.3f}".format):
-        print(summary[cols].to_string(index=False))
+    from reports.tables import readable
+
+    with pd.option_context("display.width", 250, "display.max_columns", 40):
+        print(readable(summary[cols]).to_string(index=False))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

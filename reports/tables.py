@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 import pandas as pd
 
@@ -39,14 +40,32 @@ def ratio_table(summary: pd.DataFrame, baseline: str) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def to_html_table(df: pd.DataFrame, float_format: str = "{:.3g}") -> str:
-    """An escaped HTML table (pandas escapes cell text; headers and labels are ours or escaped here)."""
+def format_number(v: object) -> str:
+    """A number as a person reads it: thousands separated, never in exponent form; from 1,000 up one
+    decimal (``1,718.5``), below that four significant digits (``45.34``, ``4.160``, ``0.07710``)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
+    if not math.isfinite(v):
+        return "–" if math.isnan(v) else ("∞" if v > 0 else "-∞")
+    if v == 0:
+        return "0"
+    if abs(v) >= 1000:
+        return f"{v:,.1f}"
+    decimals = 3 - math.floor(math.log10(abs(v)))  # four significant digits
+    text = f"{v:.{decimals}f}"
+    return text if abs(float(text)) < 1000 else f"{v:,.1f}"  # 999.96 rounds up to 1,000.0
+
+
+def readable(df: pd.DataFrame) -> pd.DataFrame:
+    """Every cell as ``format_number`` writes it (numpy scalars included)."""
+    return df.map(lambda v: format_number(v.item() if hasattr(v, "item") else v))
+
+
+def to_html_table(df: pd.DataFrame) -> str:
+    """An escaped HTML table of ``readable`` cells (headers and labels are ours or escaped here)."""
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = []
-    for _, row in df.iterrows():
-        cells = []
-        for v in row:
-            text = float_format.format(v) if isinstance(v, float) else str(v)
-            cells.append(f"<td>{html.escape(text)}</td>")
-        body.append("<tr>" + "".join(cells) + "</tr>")
+    body = ["<tr>" + "".join(f"<td>{html.escape(text)}</td>" for text in row) + "</tr>"
+            for row in readable(df).itertuples(index=False)]
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'

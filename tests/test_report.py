@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -101,3 +102,15 @@ def test_report_size_is_bounded_for_many_requests(tmp_path):
     assert size < 10 * 2**20, size
     write_report([out], tmp_path / "again.html")
     assert (tmp_path / "again.html").stat().st_size < 10 * 2**20
+
+
+def test_numbers_read_as_a_person_reads_them():
+    from reports.tables import format_number, readable
+
+    cases = [(1718.4999, "1,718.5"), (4.16, "4.160"), (45.338, "45.34"), (0.0771, "0.07710"),
+             (1.2e-5, "0.00001200"), (773434, "773,434"), (773434.0, "773,434.0"), (999.96, "1,000.0"), (0.0, "0"),
+             (-2.5, "-2.500"), (float("nan"), "–"), (float("inf"), "∞"), ("inflight", "inflight"), (True, "True")]
+    for value, text in cases:
+        assert format_number(value) == text, value
+    df = pd.DataFrame({"x": [1.72e3, 3.3e-4], "n": np.array([12, 1_000_000])})
+    assert readable(df).to_dict("list") == {"x": ["1,720.0", "0.0003300"], "n": ["12", "1,000,000"]}
