@@ -41,19 +41,35 @@ class IterationScheduler:
                  admit: Admit, preempt: Preempt) -> ScheduledBatch:
         batch = ScheduledBatch(iteration)
         budget = self.config.max_num_tokens
-        for prefills in (False, True):  # decodes first, then prefill chunks
-            for r in list(running):
-                if r.slot is None or r.is_prefilling is not prefills:  # preempted earlier in this loop
+        decodes, prefills = [], []
+        for r in running:
+            (prefills if r.is_prefilling else decodes).append(r)
+        kv, tpb = self.kv, self.kv.tokens_per_block
+        for r in decodes:  # decodes first: one token each (the hot path: one pass, no helper calls)
+            if budget < 1:
+                break
+            if r.slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens:
+                continue  # preempted earlier in this loop; or every token it wants is on its way
+            tokens = r.num_computed_tokens + 1
+            if tokens > kv.held(r.slot) * tpb:  # the token starts a new block
+                if not self.guaranteed and not self._make_room(r, tokens, running, batch, preempt):
                     continue
-                n = self._next_tokens(r, budget)
-                if n == 0:
-                    continue
-                if not self.guaranteed and not self._make_room(r, r.num_computed_tokens + n, running, batch, preempt):
-                    continue
-                self.kv.grow(r.slot, r.num_computed_tokens + n)
-                budget -= self._add(batch, r, n)
+                kv.grow(r.slot, tokens)
+            batch.generation.append(GenerationStep(r, r.num_computed_tokens))
+            r.num_computed_tokens = tokens
+            r.pending_samples += 1
+            budget -= 1
+        for r in prefills:  # then prefill chunks
+            if r.slot is None:
+                continue
+            n = self._next_tokens(r, budget)
+            if n == 0:
+                continue
+            if not self.guaranteed and not self._make_room(r, r.num_computed_tokens + n, running, batch, preempt):
+                continue
+            kv.grow(r.slot, r.num_computed_tokens + n)
+            budget -= self._add(batch, r, n)
         rows = len(batch.context) + len(batch.generation)
-        tpb = self.kv.tokens_per_block
         while waiting and free_slots > 0 and rows < self.config.max_batch_size and budget > 0:
             r = waiting[0]
             if r.pending_samples:  # preempted with a token still on the device: resume once it lands

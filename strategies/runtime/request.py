@@ -15,9 +15,11 @@ class Status(enum.Enum):
     REJECTED = "rejected"  # never admitted: it can not fit this executor's limits
     FAILED = "failed"  # the run stopped (fault or interrupt) before it finished
 
-    @property
-    def terminal(self) -> bool:
-        return self in (Status.FINISHED, Status.REJECTED, Status.FAILED)
+    terminal: bool  # set on each member below: read once per sampled token, so a plain attribute
+
+
+for _status in Status:
+    _status.terminal = _status in (Status.FINISHED, Status.REJECTED, Status.FAILED)
 
 
 @dataclass(frozen=True)
