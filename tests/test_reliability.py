@@ -128,3 +128,23 @@ def test_nan_free_summary_json_is_strict(tmp_path):
 def test_non_positive_limits_are_refused(field):
     with pytest.raises(ValueError, match="must be positive"):
         ExecutorConfig(**{field: 0})
+
+
+@pytest.mark.parametrize("strategy", ["static", "inflight", "overlap"])
+def test_max_concurrency_is_a_closed_loop(strategy):
+    """--max-concurrency 3 at an infinite rate: never more than 3 requests between sent and finished
+    (counted from the requests' own times), always 3 while some wait, and each later request is sent at
+    the moment an earlier one finished (vllm bench serve's semaphore)."""
+    _, scripted = tiny_models()
+    trace = [TraceRequest(0.0, 6 + i % 5, 4 + i % 3) for i in range(12)]
+    reqs = build_requests(trace, SamplingParams(ignore_eos=True), TINY64.vocab_size, seed=1)
+    run = run_strategy(strategy, TINY64, scripted, ExecutorConfig(max_batch_size=8, max_seq_len=64), reqs,
+                       max_concurrency=3)
+    assert run.error is None and all(r.num_output_tokens == r.max_new_tokens for r in reqs)
+    sent = sorted(r.arrival_s for r in reqs)
+    finished = sorted(r.finish_s for r in reqs)
+    assert sent[:3] == [0.0, 0.0, 0.0]
+    for t in sent:  # in flight just after each send
+        assert sum(1 for r in reqs if r.arrival_s <= t < r.finish_s) <= 3
+    # the k-th request sent (k >= 3) left the client when the (k-3)-th finish happened: one in, one out
+    assert sent[3:] == pytest.approx(finished[:len(sent) - 3], abs=0)
