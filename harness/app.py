@@ -81,7 +81,7 @@ def load_model(opts: RunOptions) -> tuple:
         except ValueError as exc:
             raise UserError(str(exc)) from None
     try:
-        cfg = resolve_model_config(opts.model).with_dtype(opts.dtype)
+        cfg = resolve_model_config(opts.model).with_dtype(opts.dtype or "float32")
     except ValueError as exc:
         raise UserError(str(exc)) from None
     device = "cpu" if opts.device == "cpu" else opts.device

@@ -1,10 +1,12 @@
 """``slotbench calibrate RUN_DIR``: fit a device profile to a real run's iterations.
 
-Each iteration's device time (forward start → sample end) is modelled from the cost model's FLOPs and
-bytes for the batch it computed, two ways: the roofline max(FLOPs / (peak × eff_flops), bytes /
-(bandwidth × eff_bw)) + overhead — eff_* by least squares over a log grid refined once, overhead the mean
-residual — and the additive FLOPs × a + bytes × b + overhead by linear least squares. The better fit
-wins. Launch and sync latencies are the medians the records show.
+Each iteration's device time (forward start → sample end) is modelled from the cost model's per-kernel
+FLOPs and bytes for the batch it computed, with one compute and one memory efficiency for every kernel
+(a real run times whole steps, not kernels), two ways: the sum over kernels of each one's roofline
+max(FLOPs / (peak × eff_flops), bytes / (bandwidth × eff_bw)) + overhead + per-row cost — the
+efficiencies by least squares over a log grid refined once, the rest linear — and the additive
+FLOPs × a + bytes × b + overhead + per-row cost by linear least squares. The better fit wins. Launch and
+sync latencies are the medians the records show.
 """
 
 from __future__ import annotations
@@ -23,17 +25,24 @@ from strategies.runtime.sim.cost import CostModel, DeviceProfile
 
 
 def _works(it: pd.DataFrame) -> list[BatchWork]:
-    """Each recorded iteration's batch, in cost-model units."""
-    return [BatchWork(int(r.num_tokens), int(r.num_samples), int(r.kv_read_tokens), int(r.attention_pairs))
+    """Each recorded iteration's batch, in cost-model units (runs recorded before the context split
+    was kept count as generation only)."""
+    it = it.assign(**{c: it.get(c, 0)
+                      for c in ("num_context_tokens", "context_kv_read_tokens", "context_attention_pairs")})
+    return [BatchWork(int(r.num_tokens), int(r.num_samples), int(r.kv_read_tokens), int(r.attention_pairs),
+                      int(r.num_context_tokens), int(r.context_kv_read_tokens), int(r.context_attention_pairs))
             for r in it.itertuples(index=False)]
 
 
 def _fit(y: np.ndarray, flops: np.ndarray, nbytes: np.ndarray, rows: np.ndarray, peak: float, bw: float,
          ef_grid: np.ndarray, eb_grid: np.ndarray) -> tuple[float, float, float, float, float]:
-    """Roofline + overhead + per-row cost: the grid picks the efficiencies, least squares the rest."""
+    """Per-kernel rooflines + overhead + per-row cost: the grid picks the efficiencies, least squares the
+    rest. flops, nbytes [N, kernel kinds]."""
     ef, eb = np.meshgrid(ef_grid, eb_grid, indexing="ij")
     ef, eb = ef.ravel()[:, None], eb.ravel()[:, None]  # [G, 1]
-    pred = np.maximum(flops[None] / (peak * ef), nbytes[None] / (bw * eb))  # [G, N]
+    pred = np.zeros((len(ef), len(y)))  # [G, N]
+    for c in range(flops.shape[1]):
+        pred += np.maximum(flops[None, :, c] / (peak * ef), nbytes[None, :, c] / (bw * eb))
     x = np.c_[np.ones_like(y), rows]  # [N, 2]
     beta = (y[None] - pred) @ np.linalg.pinv(x).T  # [G, 2]: overhead, per-row cost
     beta = np.maximum(beta, 0.0)
@@ -88,8 +97,9 @@ def calibrate(run_dir: Path, gpu: str = "cpu") -> tuple[DeviceProfile, dict]:
         raise UserError(f"{run_dir}: too few complete iterations to calibrate ({len(it)})")
     y = (it["sample_end_s"] - it["forward_start_s"]).to_numpy()
     works = _works(it)
-    costs = [cost.cost(w) for w in works]
-    flops, nbytes = np.array([c.flops for c in costs]), np.array([c.bytes for c in costs])
+    terms = [cost.terms(w) for w in works]
+    flops = np.array([[t.flops * t.count for t in ts] for ts in terms])  # [N, kernel kinds]
+    nbytes = np.array([[t.bytes * t.count for t in ts] for ts in terms])  # [N, kernel kinds]
     rows = it["num_samples"].to_numpy(dtype=float)
     grid = np.geomspace(1e-4, 1.5, 60)
     peak, bw = base.gpu.peak_flops, base.gpu.mem_bw
@@ -98,12 +108,13 @@ def calibrate(run_dir: Path, gpu: str = "cpu") -> tuple[DeviceProfile, dict]:
                                           np.geomspace(ef / 1.3, min(ef * 1.3, 1.5), 31),
                                           np.geomspace(eb / 1.3, min(eb * 1.3, 1.5), 31))
     combine = "max"
-    additive = _fit_sum(y, flops, nbytes, rows, peak, bw)
+    additive = _fit_sum(y, flops.sum(axis=1), nbytes.sum(axis=1), rows, peak, bw)
     if additive is not None and additive[4] < sse:
         ef, eb, overhead, per_row, sse = additive
         combine = "sum"
     launch, sync = _latencies(frames)
-    profile = replace(base, eff_flops=ef, eff_bw=eb, overhead_s=overhead, row_overhead_s=per_row,
+    profile = replace(base, eff_flops=ef, eff_bw=eb, attn_eff_flops=ef, elem_eff_bw=eb, overhead_s=overhead,
+                      row_overhead_s=per_row,
                       launch_latency_s=launch, sync_latency_s=sync, combine=combine, source=str(run_dir))
     fitted = CostModel(spec, profile, 1)
     pred = np.array([fitted.step_time(w) for w in works])

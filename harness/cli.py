@@ -1,4 +1,4 @@
-"""The ``slotbench`` command: run, suite, report, trace-info.
+"""The ``slotbench`` command: run, suite, report, calibrate, step-cost, trace-info.
 
 Bad input prints one line and exits 2. A fault stops the run, writes what was measured and exits 1;
 Ctrl-C does the same with exit 130, and a second Ctrl-C exits at once.
@@ -7,6 +7,7 @@ Ctrl-C does the same with exit 130, and a second Ctrl-C exits at once.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -47,10 +48,27 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("dirs", nargs="+", help="run or suite directories")
     rep.add_argument("--out", default="report.html")
     rep.add_argument("--baseline", default=None, help="strategy the ratios are taken against")
-    cal = sub.add_parser("calibrate", help="fit a simulated-device profile to a real run's iterations")
-    cal.add_argument("run_dir")
-    cal.add_argument("--out", default=None, help="profile file (default: RUN_DIR/device-profile.json)")
-    cal.add_argument("--gpu", default="cpu", help="datasheet whose efficiencies are fitted (default: cpu)")
+    cal = sub.add_parser("calibrate", help="fit a simulated-device profile to a real run's iterations, or to "
+                                           "measured per-operator kernel tables (--op-profile)")
+    cal.add_argument("run_dir", nargs="?", default=None)
+    cal.add_argument("--op-profile", default=None, metavar="DIR",
+                     help="a directory of Vidur kernel tables (*mlp.csv, *all_reduce.csv) instead of a run")
+    cal.add_argument("--out", default=None, help="profile file (default: RUN_DIR/ or DIR/device-profile.json)")
+    cal.add_argument("--gpu", default=None, help="datasheet whose efficiencies are fitted (default: cpu for a run; "
+                                                 "required with --op-profile)")
+    cal.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
+                     help="--op-profile: the tables' dtype (Vidur's: float16)")
+    cost = sub.add_parser("step-cost", help="what one step costs on the simulated device, by phase (JSON)")
+    cost.add_argument("--gpu", default="h200", help="GPU datasheet (a100, h100, h200, l40s, cpu)")
+    cost.add_argument("--model-spec", default="llama-3-8b", help="spec preset or a directory with config.json")
+    cost.add_argument("--dtype", default=None, choices=("float32", "float64", "bfloat16", "float16"),
+                      help="default: the spec's own")
+    cost.add_argument("--tp", type=int, default=1)
+    cost.add_argument("--profile", default=None, help="a device profile (from `slotbench calibrate`)")
+    cost.add_argument("--decode", action="append", default=[], metavar="B:KV",
+                      help="B generation rows with KV cached tokens each (repeatable)")
+    cost.add_argument("--prefill", action="append", default=[], metavar="N[:KV]",
+                      help="one N-token prompt chunk after KV cached tokens (repeatable)")
     info = sub.add_parser("trace-info", help="rows, duration, rate, length percentiles, burstiness")
     info.add_argument("path")
     info.add_argument("--trace-format", default="auto")
@@ -110,14 +128,42 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from harness.calibrate import calibrate
+    if (args.run_dir is None) == (args.op_profile is None):
+        raise UserError("calibrate: give a run directory or --op-profile DIR (one of the two)")
+    if args.op_profile is not None:
+        from harness.op_profile import fit_op_profile
 
-    run_dir = Path(args.run_dir)
-    profile, stats = calibrate(run_dir, args.gpu)
-    out = Path(args.out) if args.out else run_dir / "device-profile.json"
+        if args.gpu is None:
+            raise UserError("calibrate --op-profile: --gpu names the GPU the tables were measured on")
+        source = Path(args.op_profile)
+        profile, stats = fit_op_profile(source, args.gpu, args.dtype)
+    else:
+        from harness.calibrate import calibrate
+
+        source = Path(args.run_dir)
+        profile, stats = calibrate(source, args.gpu or "cpu")
+    out = Path(args.out) if args.out else source / "device-profile.json"
     profile.save(out)
     print(json.dumps(stats, indent=2))
     print(f"wrote {out}")
+    return 0
+
+
+def _cmd_step_cost(args: argparse.Namespace) -> int:
+    from strategies.runtime.sim.build import cost_model
+    from strategies.runtime.sim.config import SimConfig
+    from strategies.runtime.sim.step_cost import parse_pieces
+
+    try:
+        sim = SimConfig(gpu=args.gpu, model_spec=args.model_spec, tp=args.tp, profile=args.profile, dtype=args.dtype)
+        model = cost_model(sim)
+        work = parse_pieces(args.decode, args.prefill)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
+    phases = model.phases(work)
+    print(json.dumps({"step_ms": sum(phases.values()) * 1e3, "phases": {k: v * 1e3 for k, v in phases.items()},
+                      "gpu": model.profile.gpu.name, "model_spec": args.model_spec, "dtype": model.spec.dtype,
+                      "tp": args.tp, "profile": model.profile.source, "work": dataclasses.asdict(work)}, indent=2))
     return 0
 
 
@@ -154,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = parser.parse_args(["run", *argv])
     commands = {"run": _cmd_run, "suite": _cmd_suite, "report": _cmd_report, "trace-info": _cmd_trace_info,
-                "calibrate": _cmd_calibrate}
+                "calibrate": _cmd_calibrate, "step-cost": _cmd_step_cost}
     _install_sigint()
     try:
         return commands[args.command](args)

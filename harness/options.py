@@ -28,7 +28,9 @@ def _opt(default: Any, help: str, **argparse_kw: Any) -> Any:
 class RunOptions:
     strategies: tuple[str, ...] = _opt(("static", "inflight", "overlap"), "comma-separated strategies")
     model: str = _opt("small", "preset (tiny, small) or a Hugging Face checkpoint directory")
-    dtype: str = _opt("float32", "model dtype", choices=("float32", "float64", "bfloat16", "float16"))
+    dtype: str | None = _opt(None, "model dtype (default: float32 on cpu and cuda; on sim the spec's own, "
+                                   "e.g. a config.json's torch_dtype)",
+                             choices=("float32", "float64", "bfloat16", "float16"))
     device: str = _opt("cpu", "cpu, cuda[:N], or sim (the simulated device: see --gpu, --model-spec)")
     device_memory: str | None = _opt(None, "shared: on CPU the device reads the host's buffers; split: the device "
                                            "owns its tensors and every transfer is a copy on the stream, as on "
@@ -148,7 +150,7 @@ class RunOptions:
     def sim_config(self) -> SimConfig | None:
         if self.device != "sim":
             return None
-        return SimConfig(gpu=self.gpu, model_spec=self.model_spec, tp=self.tp, profile=self.profile,
+        return SimConfig(gpu=self.gpu, model_spec=self.model_spec, tp=self.tp, profile=self.profile, dtype=self.dtype,
                          host_time=self.host_time, host_ms_per_iteration=self.host_ms_per_iteration,
                          host_us_per_request=self.host_us_per_request)
 

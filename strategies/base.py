@@ -252,7 +252,10 @@ class Strategy(Executor):
         work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
         rec.num_samples = len(bufs.step.rows)
-        rec.kv_read_tokens, rec.attention_pairs = bufs.work.kv_read_tokens, bufs.work.attention_pairs
+        w = bufs.work
+        rec.kv_read_tokens, rec.attention_pairs = w.kv_read_tokens, w.attention_pairs
+        rec.num_context_tokens = w.context_tokens
+        rec.context_kv_read_tokens, rec.context_attention_pairs = w.context_kv_read_tokens, w.context_attention_pairs
         if self._last_launched is not None:
             self._last_launched.waited_before_next_launch = int(self._last_waited is self._last_launched)
         self._last_launched = rec

@@ -30,6 +30,11 @@ class BatchWork:
     samples: int  # rows through the LM head and the sampler
     kv_read_tokens: int  # KV entries attention reads: each chunk's and row's whole context
     attention_pairs: int  # (query, key) pairs attention scores, causal masking included
+    # The context (prefill) chunks' share of the three above: prefill attention is compute-bound and
+    # decode attention memory-bound, so a cost model prices them apart.
+    context_tokens: int = 0
+    context_kv_read_tokens: int = 0
+    context_attention_pairs: int = 0
 
 
 @dataclass(slots=True)
@@ -65,11 +70,12 @@ class ScheduledBatch:
             n, end = c.length + c.padding, c.start + c.length + c.padding
             kv += end
             pairs += n * c.start + n * (n + 1) // 2
+        ctx_kv, ctx_pairs = kv, pairs
         for g in self.generation:
             kv += g.position + 1
             pairs += g.position + 1
         samples = sum(1 for c in self.context if c.samples) + len(self.generation)
-        return BatchWork(self.num_tokens, samples, kv, pairs)
+        return BatchWork(self.num_tokens, samples, kv, pairs, self.num_context_tokens, ctx_kv, ctx_pairs)
 
     def __bool__(self) -> bool:
         return bool(self.context or self.generation)

@@ -11,11 +11,13 @@ from safetensors.torch import load_file
 from strategies.runtime.model import LlamaModel
 from strategies.runtime.model_config import PRESETS, ModelConfig
 
+_DTYPES = ("float32", "float64", "bfloat16", "float16")
 _SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 
 
-def config_from_hf(hf: dict, source: str = "config.json", dtype: str = "float32") -> ModelConfig:
-    """Map a Hugging Face LlamaConfig dict to ModelConfig, refusing what the model cannot represent."""
+def config_from_hf(hf: dict, source: str = "config.json", dtype: str | None = None) -> ModelConfig:
+    """Map a Hugging Face LlamaConfig dict to ModelConfig, refusing what the model cannot represent. The
+    dtype is the checkpoint's ``torch_dtype`` (``dtype`` in newer configs) unless one is given."""
     archs = set(hf.get("architectures") or ["LlamaForCausalLM"])
     if not archs & _SUPPORTED_ARCHS:
         raise ValueError(f"{source}: architecture {sorted(archs)} is not Llama-style "
@@ -28,6 +30,10 @@ def config_from_hf(hf: dict, source: str = "config.json", dtype: str = "float32"
     if isinstance(eos, list):
         eos = eos[0]
     heads = hf["num_attention_heads"]
+    if dtype is None:
+        dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32").removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ValueError(f"{source}: torch_dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
     return ModelConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads,

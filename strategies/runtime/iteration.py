@@ -33,6 +33,9 @@ class IterationRecord:
     num_samples: int = 0  # rows sampled (tokens produced, before discards)
     kv_read_tokens: int = 0  # KV entries attention reads (each request's whole context)
     attention_pairs: int = 0  # (query, key) pairs scored by attention
+    num_context_tokens: int = 0  # tokens of context chunks (padding included); the rest are generation rows
+    context_kv_read_tokens: int = 0  # the context chunks' share of kv_read_tokens
+    context_attention_pairs: int = 0  # the context chunks' share of attention_pairs
     # Executor state when the step was scheduled.
     active_slots: int = 0
     waiting_requests: int = 0

@@ -14,7 +14,8 @@ from strategies.runtime.tracing import Nvtx
 
 def cost_model(sim: SimConfig) -> CostModel:
     profile = DeviceProfile.load(sim.profile) if sim.profile else DeviceProfile.for_gpu(sim.gpu)
-    return CostModel(resolve_model_spec(sim.model_spec), profile, sim.tp)
+    spec = resolve_model_spec(sim.model_spec)
+    return CostModel(spec.with_dtype(sim.dtype) if sim.dtype else spec, profile, sim.tp)
 
 
 def virtual_clock(sim: SimConfig) -> VirtualClock:

@@ -15,6 +15,7 @@ class SimConfig:
     model_spec: str = "llama-3-8b"  # whose shapes the cost model uses (a spec preset or config.json dir)
     tp: int = 1  # tensor-parallel degree
     profile: str | None = None  # a calibrated device profile (JSON from `slotbench calibrate`)
+    dtype: str | None = None  # weights' and KV's dtype; None: the spec's own (config.json's torch_dtype)
     host_time: str = "measured"  # measured: real host code on the clock; modelled: the costs below
     host_ms_per_iteration: float = 0.0
     host_us_per_request: float = 0.0

@@ -1,17 +1,32 @@
-"""A roofline cost model for one forward over the batch actually scheduled.
+"""A cost model for one forward over the batch actually scheduled, kernel by kernel, summed by phase.
 
-FLOPs: linear layers 2 × params × tokens (the LM head only for sampled rows) plus attention
-4 × layers × hidden × (query, key) pairs. Bytes: the weights once per step, every KV entry attention
-reads, and the KV written. Step time = max(FLOPs / (peak × eff_flops), bytes / (bandwidth × eff_bw))
-+ a fixed overhead + a per-row cost (or the sum of the two terms, for a device where they do not
-overlap). Tensor parallelism divides FLOPs and bytes by ``tp`` and adds two ring all-reduces per
-layer. A device profile (efficiencies, overheads) can be fitted to a real run by ``slotbench calibrate``.
+A GPU runs a step's kernels one after another, so each kind of kernel is priced on its own roofline,
+with its own efficiency and launch latency, and the times are summed (one ``max`` over a whole step
+would let decode attention's memory traffic hide behind the GEMMs' FLOPs, which it does not):
+
+- ``linear``: the layers' four GEMMs; FLOPs 2 × tokens × weight size, bytes the weights once per step
+  plus the activations in and out.
+- ``attention``: prefill (context chunks; compute-bound) and decode (generation rows; memory-bound)
+  priced apart; FLOPs 4 × heads × head dim per (query, key) pair, bytes the KV read and written.
+- ``elementwise``: two RMSNorms, RoPE, the gated activation, two residual adds; bytes only, each kernel
+  its own bandwidth efficiency, plus a launch latency that dominates small batches.
+- ``embedding``: a gather of the batch's rows (not the whole table).
+- ``lm_head``: the sampled rows only; weights plus float32 logits.
+- ``communication``: tensor parallelism's two all-reduces per layer, latency plus ring traffic.
+- ``overhead``: per step and per sampled row (launches, synchronisation; what a CPU's small GEMMs lose).
+
+Tensor parallelism shards the GEMMs, attention heads, LM head, KV, RoPE and the activation; norms, adds
+and the embedding gather run whole on every rank. The dtype is the spec's (a config.json's
+``torch_dtype``, or ``--dtype``). A device profile holds the efficiencies and latencies: datasheet
+defaults, fitted to a real run by ``slotbench calibrate RUN_DIR``, or to published per-operator kernel
+tables by ``slotbench calibrate --op-profile`` — which prices each measured kernel with the same
+functions below, so what is fitted is what a simulated step sums.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from strategies.runtime.batch import BatchWork
@@ -19,27 +34,87 @@ from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.specs import GPUS, GpuSpec
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
+PHASES = ("linear", "attention", "elementwise", "embedding", "lm_head", "communication", "overhead")
+
+# One layer's kernels as functions of (hidden, query width, KV width, intermediate).
+# GEMMs: (weight rows, weight columns), sharded across TP ranks.
+GEMMS = {
+    "attn_pre_proj": lambda h, q, kv, i: (h, q + 2 * kv),
+    "attn_post_proj": lambda h, q, kv, i: (q, h),
+    "mlp_up_proj": lambda h, q, kv, i: (h, 2 * i),
+    "mlp_down_proj": lambda h, q, kv, i: (i, h),
+}
+# Element-wise kernels: (elements read + written per token, sharded across TP ranks, launches per layer).
+ELEMENTWISE = {
+    "input_layernorm": (lambda h, q, kv, i: 2 * h, False, 1),
+    "post_attention_layernorm": (lambda h, q, kv, i: 2 * h, False, 1),
+    "attn_rope": (lambda h, q, kv, i: 2 * (q + kv), True, 1),
+    "mlp_act": (lambda h, q, kv, i: 3 * i, True, 1),
+    "add": (lambda h, q, kv, i: 3 * h, False, 2),  # the two residual adds
+}
+EMBEDDING_ELEMENTS = 2  # per token and hidden unit: the row read, the activation written
+ATTENTION_KERNELS_PER_LAYER = 2  # attention itself and the KV-cache write
+# Achieved / peak bandwidth of each element-wise kernel and of the embedding gather. They differ by 4x on
+# one GPU (a residual add streams; an RMSNorm reduces in float32; a gather is scattered). These defaults
+# were read off the H100 tables in ../shared/profiles, so they are in-sample there (docs/simulator.md).
+ELEM_EFF_DEFAULTS = {"input_layernorm": 0.3, "post_attention_layernorm": 0.3, "attn_rope": 0.5, "mlp_act": 0.6,
+                     "add": 0.9, "emb": 0.2}
+
+
+def model_shapes(spec: ModelConfig) -> tuple[int, int, int, int]:
+    """(hidden, query width, KV width, intermediate): what the kernel tables above are functions of."""
+    return (spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim,
+            spec.intermediate_size)
+
+
+def gemm_work(tokens: float, rows: int, cols: int, tp: int, dtype_bytes: int) -> tuple[float, float]:
+    """FLOPs and bytes of one GEMM on one rank: (tokens x rows) @ (rows x cols), sharded ``tp`` ways."""
+    return 2 * tokens * rows * cols / tp, (rows * cols + tokens * (rows + cols)) * dtype_bytes / tp
+
+
+def elementwise_bytes(op: str, tokens: float, shapes: tuple[int, int, int, int], tp: int, dtype_bytes: int) -> float:
+    """Bytes one element-wise kernel (or ``emb``, the embedding gather) moves on one rank."""
+    if op == "emb":
+        return tokens * EMBEDDING_ELEMENTS * shapes[0] * dtype_bytes
+    elements, sharded, _ = ELEMENTWISE[op]
+    return tokens * elements(*shapes) * dtype_bytes / (tp if sharded else 1)
+
+
+def ring_allreduce_bytes(nbytes: float, workers: int) -> float:
+    """What each rank sends in a ring all-reduce of ``nbytes``."""
+    return 2 * (workers - 1) / workers * nbytes
 
 
 @dataclass(frozen=True)
 class DeviceProfile:
     gpu: GpuSpec
-    eff_flops: float = 0.6  # achieved / peak FLOP/s
-    eff_bw: float = 0.8  # achieved / peak bandwidth
+    eff_flops: float = 0.7  # GEMMs (linear, LM head): achieved / peak FLOP/s
+    eff_bw: float = 0.8  # GEMMs' weight streaming and attention's KV: achieved / peak bandwidth
+    gemm_kernel_s: float = 4e-6  # latency floor of one GEMM
+    attn_eff_flops: float = 0.5  # prefill attention's FLOP/s / peak
+    # per element-wise kernel (and "emb"): achieved / peak bandwidth; a single number sets them all
+    elem_eff_bw: dict[str, float] = field(default_factory=lambda: dict(ELEM_EFF_DEFAULTS))
+    kernel_s: float = 2e-6  # latency floor of every other kernel (~8 a layer): what small-batch decode pays
     overhead_s: float = 30e-6  # per step: launches, synchronisation
     row_overhead_s: float = 0.0  # per sampled row: what FLOPs and bytes miss (small-batch GEMMs on a CPU)
-    allreduce_latency_s: float = 10e-6  # per all-reduce
+    allreduce_latency_s: float = 30e-6  # per all-reduce (NCCL on an H100 DGX: 7-40 us for small messages)
+    link_eff: float = 0.7  # achieved / peak link bandwidth in a ring all-reduce
     launch_latency_s: float = 0.0  # from launch (or the previous step's end) to the device starting
     sync_latency_s: float = 0.0  # from the device finishing to a waiting host seeing it
-    # "max": compute and memory traffic overlap (a GPU roofline); "sum": they do not (what calibration
-    # finds on a CPU, where small-batch GEMMs lose efficiency a max() cannot express).
+    # "max": within a kernel, compute and memory traffic overlap (a GPU roofline); "sum": they do not
+    # (what calibration finds on a CPU, where small-batch GEMMs lose efficiency a max() cannot express).
     combine: str = "max"
-    source: str = "datasheet"  # or the run directory it was calibrated on
+    source: str = "datasheet"  # or what it was fitted to
 
     def __post_init__(self) -> None:
-        if not (0 < self.eff_flops <= 1.5 and 0 < self.eff_bw <= 1.5) or min(self.overhead_s,
-                                                                            self.row_overhead_s) < 0:
-            raise ValueError(f"device profile: efficiencies must be in (0, 1.5], overhead >= 0 ({self})")
+        if isinstance(self.elem_eff_bw, int | float):
+            object.__setattr__(self, "elem_eff_bw", dict.fromkeys(ELEM_EFF_DEFAULTS, float(self.elem_eff_bw)))
+        elif set(self.elem_eff_bw) != set(ELEM_EFF_DEFAULTS):
+            raise ValueError(f"device profile: elem_eff_bw needs {sorted(ELEM_EFF_DEFAULTS)}")
+        effs = (self.eff_flops, self.eff_bw, self.attn_eff_flops, self.link_eff, *self.elem_eff_bw.values())
+        lats = (self.overhead_s, self.row_overhead_s, self.kernel_s, self.gemm_kernel_s, self.allreduce_latency_s)
+        if not all(0 < e <= 1.5 for e in effs) or min(lats) < 0:
+            raise ValueError(f"device profile: efficiencies must be in (0, 1.5], latencies >= 0 ({self})")
         if self.combine not in ("max", "sum"):
             raise ValueError(f"device profile: combine must be max or sum, got {self.combine!r}")
 
@@ -47,7 +122,14 @@ class DeviceProfile:
     def for_gpu(cls, name: str) -> DeviceProfile:
         if name not in GPUS:
             raise ValueError(f"--gpu {name!r}: expected one of {', '.join(GPUS)}")
+        if name == "cpu":  # no kernel-launch floors: calibration fits overheads and efficiencies
+            return cls(GPUS[name], kernel_s=0.0, gemm_kernel_s=0.0)
         return cls(GPUS[name])
+
+    def roofline(self, flops: float, nbytes: float, eff_flops: float, eff_bw: float) -> float:
+        compute = flops / (self.gpu.peak_flops * eff_flops)
+        memory = nbytes / (self.gpu.mem_bw * eff_bw)
+        return max(compute, memory) if self.combine == "max" else compute + memory
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -62,10 +144,19 @@ class DeviceProfile:
 
 
 @dataclass(frozen=True)
-class StepCost:
+class Term:
+    """One kind of kernel in a step, on one rank: its work per launch, how it is priced, how often."""
+
+    phase: str
     flops: float
     bytes: float
-    allreduce_s: float
+    eff_flops: float
+    eff_bw: float
+    latency_s: float  # per launch
+    count: int  # launches per step (layers x launches per layer)
+
+    def seconds(self, p: DeviceProfile) -> float:
+        return self.count * (p.roofline(self.flops, self.bytes, self.eff_flops, self.eff_bw) + self.latency_s)
 
 
 class CostModel:
@@ -74,30 +165,48 @@ class CostModel:
             raise ValueError(f"--tp must be positive, got {tp}")
         self.spec, self.profile, self.tp = spec, profile, tp
         self.dtype_bytes = DTYPE_BYTES[spec.dtype]
-        h, kv = spec.hidden_size, spec.num_key_value_heads * spec.head_dim
-        self.linear_params = spec.num_hidden_layers * (2 * h * h + 2 * h * kv + 3 * h * spec.intermediate_size)
-        self.head_params = spec.vocab_size * h
+        self.shapes = model_shapes(spec)
+        self.gemms = [f(*self.shapes) for f in GEMMS.values()]
         self.weight_bytes = spec.num_parameters * self.dtype_bytes
-        self.kv_bytes_per_token = 2 * spec.num_hidden_layers * kv * self.dtype_bytes
+        self.kv_bytes_per_token = 2 * spec.num_hidden_layers * self.shapes[2] * self.dtype_bytes
 
-    def cost(self, w: BatchWork) -> StepCost:
-        s, tp = self.spec, self.tp
-        flops = (2 * self.linear_params * w.tokens + 2 * self.head_params * w.samples
-                 + 4 * s.num_hidden_layers * s.hidden_size * w.attention_pairs) / tp
-        nbytes = (self.weight_bytes + self.kv_bytes_per_token * (w.kv_read_tokens + w.tokens)) / tp
-        allreduce = 0.0
-        if tp > 1:  # two per layer (attention and MLP outputs), ring: 2(tp-1)/tp of the activations each way
-            size = w.tokens * s.hidden_size * self.dtype_bytes
-            per = 2 * (tp - 1) / tp * size / self.profile.gpu.link_bw + self.profile.allreduce_latency_s
-            allreduce = 2 * s.num_hidden_layers * per
-        return StepCost(flops, nbytes, allreduce)
+    def terms(self, w: BatchWork) -> list[Term]:
+        """Every kind of kernel the step runs, with its work per launch on one rank."""
+        p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.num_hidden_layers
+        out = [Term("linear", *gemm_work(w.tokens, r, c, tp, b), p.eff_flops, p.eff_bw, p.gemm_kernel_s, layers)
+               for r, c in self.gemms]
+        pair_flops = 4 * s.num_attention_heads * s.head_dim / tp  # per (query, key) pair and layer
+        kv = self.kv_bytes_per_token / layers / tp  # per token and layer
+        decode_pairs = w.attention_pairs - w.context_attention_pairs
+        decode_kv = w.kv_read_tokens - w.context_kv_read_tokens + w.tokens - w.context_tokens  # read + written
+        out += [Term("attention", pair_flops * w.context_attention_pairs,
+                     kv * (w.context_kv_read_tokens + w.context_tokens), p.attn_eff_flops, p.eff_bw, 0.0, layers),
+                Term("attention", pair_flops * decode_pairs, kv * decode_kv, p.attn_eff_flops, p.eff_bw, 0.0, layers),
+                Term("attention", 0.0, 0.0, 1.0, 1.0, p.kernel_s, ATTENTION_KERNELS_PER_LAYER * layers)]
+        out += [Term("elementwise", 0.0, elementwise_bytes(op, w.tokens, self.shapes, tp, b), 1.0,
+                     p.elem_eff_bw[op], p.kernel_s, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+        out.append(Term("embedding", 0.0, elementwise_bytes("emb", w.tokens, self.shapes, tp, b), 1.0,
+                        p.elem_eff_bw["emb"], p.kernel_s, 1))
+        head_flops, head_bytes = gemm_work(w.samples, s.hidden_size, s.vocab_size, tp, b)
+        out.append(Term("lm_head", head_flops, head_bytes + w.samples * s.vocab_size * 4 / tp,  # float32 logits
+                        p.eff_flops, p.eff_bw, p.gemm_kernel_s, 1))
+        return out
+
+    def phases(self, w: BatchWork) -> dict[str, float]:
+        """Seconds per phase for one step over ``w``."""
+        p, s, tp = self.profile, self.spec, self.tp
+        secs = dict.fromkeys(PHASES, 0.0)
+        for t in self.terms(w):
+            secs[t.phase] += t.seconds(p)
+        if tp > 1:  # two per layer (attention and MLP outputs)
+            ring = ring_allreduce_bytes(w.tokens * s.hidden_size * self.dtype_bytes, tp)
+            secs["communication"] = 2 * s.num_hidden_layers * (p.allreduce_latency_s
+                                                                + ring / (p.gpu.link_bw * p.link_eff))
+        secs["overhead"] = p.overhead_s + p.row_overhead_s * w.samples
+        return secs
 
     def step_time(self, w: BatchWork) -> float:
-        c, p = self.cost(w), self.profile
-        compute = c.flops / (p.gpu.peak_flops * p.eff_flops)
-        memory = c.bytes / (p.gpu.mem_bw * p.eff_bw)
-        both = max(compute, memory) if p.combine == "max" else compute + memory
-        return both + c.allreduce_s + p.overhead_s + p.row_overhead_s * w.samples
+        return sum(self.phases(w).values())
 
     def kv_capacity_tokens(self, memory_fraction: float = 0.9) -> int:
         """KV tokens that fit in the GPUs' memory after the weights (TP shards both)."""

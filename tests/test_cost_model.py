@@ -1,0 +1,102 @@
+"""The simulated device's cost model by phase, its dtype, `slotbench step-cost`, and the fit to Vidur's
+measured H100 kernel tables (../shared/profiles/vidur-h100)."""
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+
+from harness.op_profile import fit_op_profile
+from strategies.runtime.batch import BatchWork
+from strategies.runtime.sim.cost import DTYPE_BYTES, CostModel, DeviceProfile
+from strategies.runtime.sim.specs import MODEL_SPECS
+
+SPEC = MODEL_SPECS["llama-3-8b"]  # 32 layers, hidden 4096, 8 KV heads of 128, vocab 128256, bf16
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def step_cost(*args) -> dict:
+    p = cli("step-cost", *args)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def test_decode_attention_does_not_hide_behind_the_prefill_gemms():
+    """A mixed step costs its prefill plus the decode rows' KV traffic: the decode attention's bytes
+    (64 rows x 1,025 tokens x 128 KiB of KV) at the profile's bandwidth, not nothing."""
+    cm = CostModel(SPEC, DeviceProfile.for_gpu("h100"))
+    prefill = BatchWork(512, 1, 512, 512 * 513 // 2, 512, 512, 512 * 513 // 2)
+    mixed = BatchWork(576, 65, 512 + 64 * 1025, 512 * 513 // 2 + 64 * 1025, 512, 512, 512 * 513 // 2)
+    kv_bytes = 64 * 1025 * 2 * 32 * 8 * 128 * 2  # rows x tokens x (K and V) x layers x KV heads x dims x bf16
+    p = cm.profile
+    added = cm.step_time(mixed) - cm.step_time(prefill)
+    assert added >= kv_bytes / (p.gpu.mem_bw * p.eff_bw)
+
+
+def test_a_decode_step_streams_the_weights_it_uses_not_the_embedding_table():
+    """Batch-1 decode reads every GEMM weight and the LM head once, and one embedding row, so its bytes are
+    the parameters less the 128256 x 4096 input table (1.05 GB in bf16)."""
+    cm = CostModel(SPEC, DeviceProfile.for_gpu("h100"))
+    moved = sum(t.bytes * t.count for t in cm.terms(BatchWork(1, 1, 512, 512)))
+    streamed = (SPEC.num_parameters - 128256 * 4096 - 2 * 32 * 4096) * 2  # less the table and the norm weights
+    assert streamed <= moved <= streamed * 1.01
+
+
+def test_small_batch_decode_pays_a_kernel_floor_per_layer():
+    """~12 kernels a layer at a few microseconds each: a batch-1 decode of 32 layers cannot take less."""
+    p = DeviceProfile.for_gpu("h100")
+    fast = replace(p, gpu=replace(p.gpu, mem_bw=1e18, peak_flops=1e21))  # infinitely fast memory and math
+    floor = CostModel(SPEC, fast).step_time(BatchWork(1, 1, 512, 512))
+    assert floor >= 32 * (4 * p.gemm_kernel_s + 8 * p.kernel_s)
+
+
+def test_the_dtype_comes_from_the_spec_and_dtype_overrides_it(tmp_path):
+    config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
+              "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 32, "torch_dtype": "bfloat16"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    bf16 = step_cost("--gpu", "a100", "--model-spec", str(tmp_path), "--decode", "8:1024")
+    fp32 = step_cost("--gpu", "a100", "--model-spec", str(tmp_path), "--decode", "8:1024", "--dtype", "float32")
+    assert bf16["dtype"] == "bfloat16" and fp32["dtype"] == "float32"
+    assert 1.8 < fp32["step_ms"] / bf16["step_ms"] < 2.05  # memory-bound: twice the bytes
+    run = cli("run", "--device", "sim", "--gpu", "a100", "--model-spec", str(tmp_path), "--num-prompts", "2",
+              "--out", str(tmp_path / "r"), "--no-progress")
+    assert run.returncode == 0, run.stderr
+    sim = json.loads((tmp_path / "r" / "run.json").read_text())["sim"]
+    assert sim["kv_bytes_per_token"] == 2 * 32 * 32 * 128 * DTYPE_BYTES["bfloat16"]
+
+
+def test_step_cost_prints_phases_that_add_up():
+    out = step_cost("--gpu", "h100", "--model-spec", "llama-3-70b", "--tp", "4", "--decode", "64:1024",
+                    "--prefill", "512")
+    assert set(out["phases"]) >= {"linear", "attention", "elementwise", "lm_head", "communication", "overhead"}
+    assert out["step_ms"] == pytest.approx(sum(out["phases"].values()))
+    assert out["phases"]["communication"] > 0
+    w = out["work"]  # counted independently: 64 rows reading 1,025 positions; a 512-token causal prompt
+    assert (w["tokens"], w["samples"]) == (576, 65)
+    assert w["kv_read_tokens"] == 64 * 1025 + 512 and w["attention_pairs"] == 64 * 1025 + 512 * 513 // 2
+    bad = cli("step-cost", "--decode", "0:5")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_fit_to_vidur_h100_tables(vidur_h100, tmp_path):
+    """The fitted profile predicts H100 kernels better than the datasheet in every class, each within 10%
+    (median); written, it loads and simulates."""
+    profile, stats = fit_op_profile(vidur_h100, "h100")
+    sheet, fitted = stats["median_error_datasheet"], stats["median_error_fitted"]
+    assert set(fitted) == {"linear", "elementwise", "all_reduce"}
+    for kind in fitted:
+        assert fitted[kind] <= 0.10 and fitted[kind] < sheet[kind], (kind, fitted, sheet)
+    out = tmp_path / "p.json"
+    p = cli("calibrate", "--op-profile", str(vidur_h100), "--gpu", "h100", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert DeviceProfile.load(out) == profile
+    cost = step_cost("--gpu", "h100", "--profile", str(out), "--decode", "1:128")
+    assert cost["profile"].startswith("op-profile:")
+    assert cli("calibrate", "--op-profile", str(vidur_h100)).returncode == 2  # which GPU?
+    assert cli("calibrate", "--op-profile", str(tmp_path), "--gpu", "h100").returncode == 2  # no tables
