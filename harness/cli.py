@@ -39,11 +39,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", default=None, help="run directory (default: a new runs/run-YYYYmmdd-HHMMSS)")
     run.add_argument("--force", action="store_true", help="overwrite an existing run directory")
     run.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    run.add_argument("--repeats", type=int, default=1,
+                     help="run N times (seeds SEED..SEED+N-1) and report each metric's mean, 95%% interval and CV")
     suite = sub.add_parser("suite", help="several runs from a TOML file, one combined output")
     suite.add_argument("file", help="suite TOML file")
     suite.add_argument("--out", default=None, help="output directory (default: runs/<suite name>)")
     suite.add_argument("--force", action="store_true")
     suite.add_argument("--no-progress", action="store_true")
+    suite.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                       help="run each run as a Ray task: a local Ray, or join ADDRESS (auto, ray://host:port)")
+    suite.add_argument("--resume", action="store_true", help="keep OUT and skip the runs already complete in it")
+    suite.add_argument("--repeats", type=int, default=None, help="override the file's repeats")
     rep = sub.add_parser("report", help="one HTML report from run or suite directories")
     rep.add_argument("dirs", nargs="+", help="run or suite directories")
     rep.add_argument("--out", default="report.html")
@@ -99,6 +105,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
         name, _, it = os.environ["SLOTBENCH_INJECT_FAULT"].partition(":")
         fault = (name, int(it))
     out = Path(args.out) if args.out else Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
+    if args.repeats != 1:  # a one-configuration suite: OUT/run@rI/ per repeat, and the statistics
+        from harness.suite import execute_suite, expand
+
+        runs = expand([("run", {}, opts)], args.repeats)
+        code, out, summary = execute_suite(out.name, "slotbench run", None, runs, out, force=args.force,
+                                           progress=not args.no_progress)
+        print_summary(summary)
+        print(f"wrote {out}/ (statistics: {out / 'summary_repeats.csv'}, report: {out / 'report.html'})")
+        return code
     outcome = execute(opts, out, force=args.force, progress=not args.no_progress, fault=fault)
     print_summary(outcome.summary)
     print(f"wrote {outcome.out}/ (report: {outcome.out / 'report.html'})")
@@ -109,7 +124,8 @@ def _cmd_suite(args: argparse.Namespace) -> int:
     from harness.suite import run_suite
 
     code, out, summary = run_suite(Path(args.file), Path(args.out) if args.out else None, force=args.force,
-                                   progress=not args.no_progress)
+                                   progress=not args.no_progress, ray_address=args.ray, resume=args.resume,
+                                   repeats=args.repeats)
     print_summary(summary)
     print(f"wrote {out}/ (report: {out / 'report.html'})")
     return code

@@ -199,3 +199,16 @@ def sweep(runs: list[RunData]) -> go.Figure | None:
     fig.update_xaxes(title_text="request rate (req/s)", row=len(panels), col=1)
     fig.update_layout(title="Throughput and latency against request rate", height=260 * len(panels))
     return fig
+
+
+def repeats(stats: pd.DataFrame, metrics: tuple[str, ...]) -> go.Figure:
+    """Each metric's mean per configuration and strategy, with its 95% confidence interval."""
+    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=list(metrics))
+    for col, m in enumerate(metrics, start=1):
+        for i, (strategy, group) in enumerate(stats.groupby("strategy", sort=False)):
+            fig.add_trace(go.Bar(x=group["config"], y=group[f"{m}_mean"], name=str(strategy),
+                                 marker_color=PALETTE[i % len(PALETTE)], legendgroup=str(strategy), showlegend=col == 1,
+                                 error_y={"type": "data", "array": group[f"{m}_ci95"], "visible": True}),
+                          row=1, col=col)
+    fig.update_layout(title="Repeats: mean and 95% confidence interval", barmode="group", height=420)
+    return fig

@@ -8,12 +8,16 @@ import os
 import tempfile
 from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import figures
 from reports.load import RunData, load_runs
+from reports.repeats import repeat_table
 from reports.tables import ratio_table, summary_table, to_html_table
+
+REPEAT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
 
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:24px;color:#222;max-width:1400px}
@@ -41,7 +45,18 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
              '<p class="note">Each metric divided by the baseline strategy\'s in the same run: throughputs '
              "above 1 and latencies below 1 are better.</p>",
              to_html_table(ratio_table(summary, baseline))]
+    repeated = summary.assign(config=[r.meta.get("suite_config", r.name) for r in runs for _ in r.summary.index],
+                              repeat=[r.meta.get("suite_repeat", 0) for r in runs for _ in r.summary.index])
+    stats = repeat_table(repeated) if repeated["repeat"].max() > 0 else pd.DataFrame()
+    if not stats.empty:
+        parts += ["<h2>Repeats</h2>",
+                  '<p class="note">Mean, half-width of the 95% confidence interval (Student t) and coefficient '
+                  "of variation across repeats with consecutive seeds.</p>",
+                  to_html_table(stats[["config", "strategy", "repeats"]
+                                      + [c for c in stats.columns if c.startswith(REPEAT_METRICS)]])]
     figs: list[tuple[str, go.Figure]] = []
+    if not stats.empty:
+        figs.append(("Repeats", figures.repeats(stats, REPEAT_METRICS)))
     sweep = figures.sweep(runs)
     if sweep is not None:
         figs.append(("Sweep", sweep))

@@ -60,8 +60,12 @@ def load_runs(paths: list[Path], names: list[str] | None = None) -> list[RunData
         suite = p / "suite.json"
         if suite.is_file():
             for entry in json.loads(suite.read_text())["runs"]:
+                if entry.get("dir") is None:  # failed or not run: listed in suite.json, nothing to show
+                    continue
                 run = load_run(p / entry["dir"], entry["name"])
                 run.meta["suite_params"] = entry.get("params", {})
+                run.meta["suite_config"], run.meta["suite_repeat"] = entry.get("config", entry["name"]), entry.get(
+                    "repeat", 0)
                 runs.append(run)
         else:
             runs.append(load_run(p, names[i] if names and i < len(names) else None))
