@@ -127,6 +127,10 @@ def _cmd_suite(args: argparse.Namespace) -> int:
                                    progress=not args.no_progress, ray_address=args.ray, resume=args.resume,
                                    repeats=args.repeats)
     print_summary(summary)
+    if (out / "capacity.csv").is_file():
+        from reports.tables import readable
+
+        print(readable(pd.read_csv(out / "capacity.csv")).to_string(index=False))
     print(f"wrote {out}/ (report: {out / 'report.html'})")
     return code
 

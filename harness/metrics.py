@@ -101,6 +101,8 @@ def request_metrics(requests: pd.DataFrame, token_times: dict[str, list[float]],
         for metric, limit in goodput.items():
             good &= {"ttft": ttft, "tpot": tpot_all, "e2el": e2el}[metric] <= limit
         out["request_goodput"] = int(good.sum()) / duration if ok else float("nan")
+        # of every request sent (a rejected or failed one meets no SLO): what a capacity search holds to
+        out["slo_attainment"] = int(good.sum()) / len(requests) if len(requests) else float("nan")
     return out
 
 

@@ -35,7 +35,7 @@ from harness.errors import UserError
 from harness.io import atomic_write_json, atomic_write_text
 from harness.options import RunOptions
 
-TOP_KEYS = {"name", "baseline", "repeats", "defaults", "sweep", "runs"}
+TOP_KEYS = {"name", "baseline", "repeats", "defaults", "sweep", "runs", "capacity"}
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class RunResult:
     error: str | None = None  # why it produced nothing, if it did not
 
 
-def load_suite(path: Path) -> tuple[str, str | None, int, list[tuple[str, dict, RunOptions]]]:
-    """(name, baseline, repeats, configurations) of a suite file."""
+def load_suite(path: Path) -> tuple[str, str | None, int, list[tuple[str, dict, RunOptions]], dict | None]:
+    """(name, baseline, repeats, configurations, the [capacity] table if any) of a suite file."""
     if not path.is_file():
         raise UserError(f"{path}: no such suite file")
     try:
@@ -95,7 +95,10 @@ def load_suite(path: Path) -> tuple[str, str | None, int, list[tuple[str, dict, 
             raise UserError(f"{path}: two runs are named {name!r}")
         seen.add(safe)
         configs.append((safe, params, RunOptions.from_mapping({**defaults, **params}, f"{path} run {name!r}")))
-    return str(data.get("name", path.stem)), data.get("baseline"), repeats, configs
+    capacity = data.get("capacity")
+    if capacity is not None and not isinstance(capacity, dict):
+        raise UserError(f"{path}: capacity must be a table ([capacity])")
+    return str(data.get("name", path.stem)), data.get("baseline"), repeats, configs, capacity
 
 
 def expand(configs: list[tuple[str, dict, RunOptions]], repeats: int) -> list[SuiteRun]:
@@ -116,7 +119,16 @@ def complete(run_dir: Path) -> bool:
 def run_suite(path: Path, out: Path | None, *, force: bool = False, progress: bool = True,
               ray_address: str | None = None, resume: bool = False,
               repeats: int | None = None) -> tuple[int, Path, pd.DataFrame]:
-    name, baseline, file_repeats, configs = load_suite(path)
+    name, baseline, file_repeats, configs, capacity = load_suite(path)
+    if capacity is not None:  # a search over request rate instead of the listed runs (harness/capacity.py)
+        from harness.capacity import CapacitySpec, capacity_search
+
+        spec = CapacitySpec.from_mapping(capacity, str(path))
+        out = out or Path("runs") / name
+        if not resume:
+            prepare_out(out, force)
+        out.mkdir(parents=True, exist_ok=True)
+        return capacity_search(name, str(path), configs, spec, out, ray_address=ray_address, progress=progress)
     runs = expand(configs, repeats or file_repeats)
     return execute_suite(name, str(path), baseline, runs, out or Path("runs") / name, force=force,
                          progress=progress, ray_address=ray_address, resume=resume)
@@ -131,27 +143,33 @@ def execute_suite(name: str, source: str, baseline: str | None, runs: list[Suite
         prepare_out(out, force)
     out.mkdir(parents=True, exist_ok=True)
     todo = [r for r in runs if not (resume and complete(out / r.name))]
-    results: dict[str, RunResult] = {}
-    interrupted = False
-    if ray_address is None:
-        for run in todo:
-            try:
-                outcome = execute(run.opts, out / run.name, force=True, progress=progress, report=False)
-                results[run.name] = RunResult(outcome.exit_code)
-            except UserError as exc:
-                results[run.name] = RunResult(2, str(exc))
-            if results[run.name].exit_code == EXIT_INTERRUPTED:
-                interrupted = True
-                break
-    else:
+    results, interrupted = run_many(todo, out, ray_address, progress)
+    return assemble(name, source, baseline, runs, results, out, interrupted)
+
+
+def run_many(runs: list[SuiteRun], out: Path, ray_address: str | None,
+             progress: bool) -> tuple[dict[str, RunResult], bool]:
+    """Run each into OUT/<name>, here one after another or on Ray; results by name, and whether Ctrl-C
+    stopped it."""
+    if ray_address is not None:
         from harness.suite_ray import run_on_ray
 
-        results, interrupted = run_on_ray(todo, out, ray_address, progress)
-    return _assemble(name, source, baseline, runs, results, out, interrupted)
+        return run_on_ray(runs, out, ray_address, progress)
+    results: dict[str, RunResult] = {}
+    for run in runs:
+        try:
+            outcome = execute(run.opts, out / run.name, force=True, progress=progress, report=False)
+            results[run.name] = RunResult(outcome.exit_code)
+        except UserError as exc:
+            results[run.name] = RunResult(2, str(exc))
+        if results[run.name].exit_code == EXIT_INTERRUPTED:
+            return results, True
+    return results, False
 
 
-def _assemble(name: str, source: str, baseline: str | None, runs: list[SuiteRun], results: dict[str, RunResult],
-              out: Path, interrupted: bool) -> tuple[int, Path, pd.DataFrame]:
+def assemble(name: str, source: str, baseline: str | None, runs: list[SuiteRun], results: dict[str, RunResult],
+             out: Path, interrupted: bool) -> tuple[int, Path, pd.DataFrame]:
+    """suite.json, summary.csv, summary_repeats.csv and the report, from the run directories in OUT."""
     entries, frames, code = [], [], EXIT_INTERRUPTED if interrupted else 0
     for run in runs:
         result = results.get(run.name)

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import figures
-from reports.load import RunData, load_runs
+from reports.load import RunData, load_capacity, load_runs
 from reports.repeats import repeat_table
 from reports.tables import ratio_table, summary_table, to_html_table
 
@@ -34,7 +34,8 @@ def _figure_div(fig: go.Figure, div_id: str) -> str:
                        config={"displaylogo": False, "responsive": True})
 
 
-def render(runs: list[RunData], baseline: str | None = None, title: str = "slotbench report") -> str:
+def render(runs: list[RunData], baseline: str | None = None, title: str = "slotbench report",
+           capacity: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> str:
     summary = summary_table([(r.name, r.summary) for r in runs])
     strategies = list(dict.fromkeys(summary["strategy"]))
     baseline = baseline if baseline in strategies else ("static" if "static" in strategies else strategies[0])
@@ -54,7 +55,13 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
                   "of variation across repeats with consecutive seeds.</p>",
                   to_html_table(stats[["config", "strategy", "repeats"]
                                       + [c for c in stats.columns if c.startswith(REPEAT_METRICS)]])]
+    if capacity is not None:
+        parts += ["<h2>Capacity</h2>",
+                  '<p class="note">The highest request rate at which each configuration met its SLOs '
+                  "(harness/capacity.py says how it was searched).</p>", to_html_table(capacity[0])]
     figs: list[tuple[str, go.Figure]] = []
+    if capacity is not None and len(capacity[1]):
+        figs.append(("Capacity: Pareto", figures.capacity_pareto(capacity[1])))
     if not stats.empty:
         figs.append(("Repeats", figures.repeats(stats, REPEAT_METRICS)))
     sweep = figures.sweep(runs)
@@ -77,7 +84,7 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
 def write_report(paths: list[Path], out: Path, names: list[str] | None = None, baseline: str | None = None,
                  title: str = "slotbench report") -> Path:
     """Render the run (or suite) directories in ``paths`` into ``out``, written atomically."""
-    text = render(load_runs(paths, names), baseline, title)
+    text = render(load_runs(paths, names), baseline, title, load_capacity(paths))
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

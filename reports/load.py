@@ -75,3 +75,13 @@ def load_runs(paths: list[Path], names: list[str] | None = None) -> list[RunData
         if seen[run.name] > 1:
             run.name = f"{run.name} #{seen[run.name]}"
     return runs
+
+
+def load_capacity(paths: list[Path]) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """A capacity search's ``capacity.csv`` and ``capacity_points.csv`` (the first suite that has them)."""
+    for p in paths:
+        if (p / "capacity.csv").is_file() and (p / "capacity_points.csv").is_file():
+            points = (pd.read_csv(p / "capacity_points.csv") if (p / "capacity_points.csv").stat().st_size > 1
+                      else pd.DataFrame())
+            return pd.read_csv(p / "capacity.csv"), points
+    return None

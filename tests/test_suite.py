@@ -29,10 +29,10 @@ def test_unknown_keys_are_named(tmp_path):
 
 
 def test_sweep_and_runs_expand(tmp_path):
-    name, baseline, runs = load_suite(write(tmp_path, 'name = "x"\nbaseline = "inflight"\n[defaults]\nmodel = "tiny"\n'
-                                                      "[sweep]\nrequest_rate = [1.0, 2.0]\n"
-                                                      '[[runs]]\nname = "chunked"\nchunked_prefill = true\n'))
-    assert name == "x" and baseline == "inflight"
+    name, baseline, repeats, runs, capacity = load_suite(write(
+        tmp_path, 'name = "x"\nbaseline = "inflight"\n[defaults]\nmodel = "tiny"\n[sweep]\nrequest_rate = [1.0, 2.0]\n'
+                  '[[runs]]\nname = "chunked"\nchunked_prefill = true\n'))
+    assert name == "x" and baseline == "inflight" and repeats == 1 and capacity is None
     assert [r[0] for r in runs] == ["request_rate=1.0", "request_rate=2.0", "chunked"]
     assert runs[1][2].request_rate == 2.0 and runs[2][2].chunked_prefill and runs[0][2].model == "tiny"
 

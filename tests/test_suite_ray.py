@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -128,3 +129,63 @@ def test_repeat_statistics_against_the_statistics_module(tmp_path):
     assert stats["output_throughput_cv"] == pytest.approx(statistics.stdev(x) / statistics.mean(x))
     assert "Repeats" in (out / "report.html").read_text()
     assert repeat_table(pd.DataFrame()).empty
+
+
+CAPACITY = """
+name = "cap"
+[defaults]
+device = "sim"
+gpu = "h200"
+model_spec = "llama-3-8b"
+num_prompts = 60
+input_len = 512
+output_len = 64
+ignore_eos = true
+host_time = "modelled"
+host_ms_per_iteration = 1.0
+strategies = ["inflight"]
+max_batch_size = 16
+max_seq_len = 2048
+[capacity]
+goodput = ["ttft:300", "tpot:30"]
+min_fraction = 0.9
+rate_lo = 0.5
+rate_hi = 64.0
+tolerance = 0.2
+"""
+
+
+def test_capacity_search_brackets_the_highest_rate_that_meets_the_slos(tmp_path):
+    path = tmp_path / "cap.toml"
+    path.write_text(CAPACITY)
+    code, out, _ = run_suite(path, tmp_path / "seq", progress=False)
+    assert code == 0
+    table = pd.read_csv(out / "capacity.csv")
+    points = pd.read_csv(out / "capacity_points.csv")
+    row = table.iloc[0]
+    assert row["status"] == "bracketed" and 0.5 < row["max_rate"] < 64
+    # 2 + ceil(log2(log(64 / 0.5) / log(1.2))) runs, as harness/capacity.py documents
+    assert row["runs"] == len(points) == 2 + math.ceil(math.log2(math.log(128) / math.log(1.2)))
+    at = points.set_index("request_rate")
+    assert at.loc[row["max_rate"], "meets"] and at.loc[row["max_rate"], "slo_attainment"] >= 0.9
+    failing = points[~points["meets"].astype(bool)]["request_rate"]
+    lowest_fail = failing.min()
+    assert lowest_fail > row["max_rate"] and lowest_fail / row["max_rate"] <= 1.2 + 1e-9  # a tight bracket
+    assert not points[(points["request_rate"] < row["max_rate"]) & ~points["meets"].astype(bool)].size
+    # the same search as Ray tasks finds the same capacity
+    code, out_ray, _ = run_suite(path, tmp_path / "ray", progress=False, ray_address="")
+    pd.testing.assert_frame_equal(pd.read_csv(out_ray / "capacity.csv"), table)
+    assert "Capacity: Pareto" in (out_ray / "report.html").read_text()
+
+
+def test_pareto_front_against_brute_force():
+    from reports.figures import pareto_front
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        x, y = rng.integers(0, 20, 30).astype(float), rng.integers(0, 20, 30).astype(float)
+        brute = {i for i in range(30)
+                 if not any((x[j] >= x[i] and y[j] >= y[i]) and (x[j] > x[i] or y[j] > y[i]) for j in range(30))}
+        got = set(pareto_front(x, y).tolist())
+        # ties (equal points) keep one representative: compare as sets of coordinates
+        assert {(x[i], y[i]) for i in got} == {(x[i], y[i]) for i in brute}
