@@ -167,14 +167,17 @@ def iteration_gantt(run: RunData) -> go.Figure:
 
 
 def sweep(runs: list[RunData]) -> go.Figure | None:
-    """Latency percentiles and goodput against request rate, one line per strategy (suites)."""
+    """Latency percentiles and goodput against request rate, one line per strategy and per setting of
+    the suite's other swept parameters (suites)."""
     rows = []
     for run in runs:
         rate = run.meta.get("options", {}).get("request_rate")
         if rate is None:
             continue
+        others = ",".join(f"{k}={v}" for k, v in run.meta.get("suite_params", {}).items() if k != "request_rate")
         for _, s in run.summary.iterrows():
-            rows.append({"rate": float(rate), **s.to_dict()})
+            rows.append({"rate": float(rate), **s.to_dict(),
+                         "line": f"{s['strategy']} {others}" if others else str(s["strategy"])})
     df = pd.DataFrame(rows)
     if df.empty or df["rate"].nunique() < 2:
         return None
@@ -183,8 +186,8 @@ def sweep(runs: list[RunData]) -> go.Figure | None:
               ("median_e2el_ms", "p99_e2el_ms", "E2EL (ms)"), ("output_throughput", None, "Output tokens/s"),
               ("request_goodput", None, "Goodput (req/s)")]
     fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[p[2] for p in panels], vertical_spacing=0.05)
-    for k, strategy in enumerate(df["strategy"].unique()):
-        d = df[df["strategy"] == strategy]
+    for k, strategy in enumerate(df["line"].unique()):
+        d = df[df["line"] == strategy]
         color = PALETTE[k % len(PALETTE)]
         for i, (p50, p99, _) in enumerate(panels):
             if p50 not in d:
