@@ -3,6 +3,8 @@ report's size does not grow with the number of requests or tokens."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
@@ -23,6 +25,23 @@ def _label(run: RunData, strategy: str, multi: bool) -> str:
 def _colors(runs: list[RunData]) -> dict[tuple[str, str], str]:
     keys = [(r.name, s) for r in runs for s in r.summary["strategy"]]
     return {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(keys)}
+
+
+def _iterations(runs: list[RunData]) -> Iterator[tuple[RunData, str, pd.DataFrame, np.ndarray, float]]:
+    """(run, strategy, its iterations, step start times, last step end) for each strategy that ran."""
+    for run in runs:
+        for strategy, it in run.iterations.items():
+            if not it.empty:
+                yield (run, strategy, it, it["forward_start_s"].to_numpy(float),
+                       float(np.nanmax(it["sample_end_s"].to_numpy(float))))
+
+
+def _line(fig: go.Figure, x: np.ndarray, y: np.ndarray, run: RunData, strategy: str, color: str, multi: bool,
+          row: int) -> None:
+    """One strategy's line in panel ``row``; the legend names it once, in the first panel."""
+    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
+                             legendgroup=f"{run.name}/{strategy}", showlegend=row == 1, line={"color": color}),
+                  row=row, col=1)
 
 
 def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -74,22 +93,15 @@ def over_time(runs: list[RunData]) -> go.Figure:
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p for p, _ in panels],
                         vertical_spacing=0.05)
     colors, multi = _colors(runs), len(runs) > 1
-    for run in runs:
-        for strategy, it in run.iterations.items():
-            if it.empty:
-                continue
-            t = it["forward_start_s"].to_numpy(float)
-            t_max = float(np.nanmax(it["sample_end_s"].to_numpy(float)))
-            tok = run.token_times.get(strategy, np.array([]))
-            series = {"batch": (it["num_context_requests"] + it["num_generation_requests"]).to_numpy(float)}
-            for i, (_, col) in enumerate(panels):
-                if col is None:
-                    x, y = _binned(tok, tok, t_max, "rate")
-                else:
-                    x, y = _binned(t, series[col] if col in series else it[col].to_numpy(float), t_max, "mean")
-                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
-                                         legendgroup=f"{run.name}/{strategy}", showlegend=i == 0,
-                                         line={"color": colors[(run.name, strategy)]}), row=i + 1, col=1)
+    for run, strategy, it, t, t_max in _iterations(runs):
+        tok = run.token_times.get(strategy, np.array([]))
+        series = {"batch": (it["num_context_requests"] + it["num_generation_requests"]).to_numpy(float)}
+        for i, (_, col) in enumerate(panels):
+            if col is None:
+                x, y = _binned(tok, tok, t_max, "rate")
+            else:
+                x, y = _binned(t, series[col] if col in series else it[col].to_numpy(float), t_max, "mean")
+            _line(fig, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
     fig.update_xaxes(title_text="run time (s)", row=len(panels), col=1)
     fig.update_layout(title="Over time", height=220 * len(panels))
     return fig
@@ -101,26 +113,19 @@ def kv_cache(runs: list[RunData]) -> go.Figure:
               "Prefix-cache hit rate (prompt tokens read from cache, requests by arrival)"]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
     colors, multi = _colors(runs), len(runs) > 1
-    for run in runs:
-        for strategy, it in run.iterations.items():
-            if it.empty:
-                continue
-            t = it["forward_start_s"].to_numpy(float)
-            t_max = float(np.nanmax(it["sample_end_s"].to_numpy(float)))
-            series = [_binned(t, it[c].to_numpy(float), t_max, "mean") if c in it else (np.array([]), np.array([]))
-                      for c in ("kv_blocks_used", "kv_blocks_cached")]
-            req = run.requests.get(strategy)
-            if req is not None and "cached_tokens" in req:
-                done = req[req["status"] == "finished"]
-                arr = done["arrival_s"].to_numpy(float)
-                cached = _binned(arr, done["cached_tokens"].to_numpy(float), t_max, "sum")
-                prompt = _binned(arr, done["input_tokens"].to_numpy(float), t_max, "sum")
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    series.append((cached[0], cached[1] / prompt[1]))
-            for i, (x, y) in enumerate(series):
-                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
-                                         legendgroup=f"{run.name}/{strategy}", showlegend=i == 0,
-                                         line={"color": colors[(run.name, strategy)]}), row=i + 1, col=1)
+    for run, strategy, it, t, t_max in _iterations(runs):
+        series = [_binned(t, it[c].to_numpy(float), t_max, "mean") if c in it else (np.array([]), np.array([]))
+                  for c in ("kv_blocks_used", "kv_blocks_cached")]
+        req = run.requests.get(strategy)
+        if req is not None and "cached_tokens" in req:
+            done = req[req["status"] == "finished"]
+            arr = done["arrival_s"].to_numpy(float)
+            cached = _binned(arr, done["cached_tokens"].to_numpy(float), t_max, "sum")
+            prompt = _binned(arr, done["input_tokens"].to_numpy(float), t_max, "sum")
+            with np.errstate(invalid="ignore", divide="ignore"):
+                series.append((cached[0], cached[1] / prompt[1]))
+        for i, (x, y) in enumerate(series):
+            _line(fig, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
     fig.update_yaxes(range=[0, 1], row=3, col=1)
     fig.update_xaxes(title_text="run time (s)", row=3, col=1)
     fig.update_layout(title="KV cache", height=700)
