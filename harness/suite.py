@@ -14,10 +14,11 @@ A suite file::
     name = "chunked"
     chunked_prefill = true
 
-Output: OUT/suite.json (every run, its parameters, seed and status), OUT/summary.csv (all runs, with
-``run``, ``config``, ``repeat``, ``seed`` and the swept values), OUT/summary_repeats.csv (with repeats:
-mean, 95% interval and CV per metric), OUT/report.html, and one run directory per run (``NAME`` or,
-repeated, ``NAME@rI``). The same files whether the runs ran here one after another or as Ray tasks.
+Output: OUT/suite.json (every run, its parameters, seed and status: ok, stopped, failed, resumed or not
+run), OUT/summary.csv (all runs, with ``run``, ``config``, ``repeat``, ``seed`` and the swept values),
+OUT/summary_repeats.csv (with repeats: mean, 95% interval and CV per metric), OUT/report.html, and one
+run directory per run (``NAME`` or, repeated, ``NAME@rI``). The same files whether the runs ran here
+one after another or as Ray tasks.
 """
 
 from __future__ import annotations
@@ -173,8 +174,11 @@ def assemble(name: str, source: str, baseline: str | None, runs: list[SuiteRun],
     entries, frames, code = [], [], EXIT_INTERRUPTED if interrupted else 0
     for run in runs:
         result = results.get(run.name)
+        # resumed: complete from before; failed: produced no run directory; stopped: wrote one, but a
+        # strategy stopped early (engine fault, Ctrl-C) — its own run.json says which
         status = ("resumed" if result is None and complete(out / run.name) else "not run" if result is None
-                  else "failed" if result.error or not complete(out / run.name) else "ok")
+                  else "failed" if result.error or not complete(out / run.name)
+                  else "stopped" if result.exit_code else "ok")
         entry = {"name": run.name, "dir": run.name, "config": run.config, "repeat": run.repeat,
                  "seed": run.opts.seed, "params": run.params, "status": status}
         if result is not None and result.error:
