@@ -78,10 +78,11 @@ def _attainment(run_dir: Path) -> tuple[float, dict] | None:
 
 
 def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOptions]], spec: CapacitySpec,
-                    out: Path, *, ray_address: str | None = None,
-                    progress: bool = True) -> tuple[int, Path, pd.DataFrame]:
+                    out: Path, *, ray_address: str | None = None, progress: bool = True,
+                    resume: bool = False) -> tuple[int, Path, pd.DataFrame]:
     """Search every (configuration, strategy); writes capacity.csv, capacity_points.csv and the suite's
-    files; returns the suite's (exit code, OUT, summary of every evaluated run)."""
+    files; returns the suite's (exit code, OUT, summary of every evaluated run). ``resume`` reuses the
+    evaluations already complete in OUT (the search is deterministic, so it asks for the same rates)."""
     targets = {f"{cfg}.{s}": (params, replace(opts, strategies=(s,), goodput=spec.goodput))
                for cfg, params, opts in configs for s in opts.strategies}
     brackets = {t: [spec.rate_lo, spec.rate_hi] for t in targets}
@@ -93,7 +94,8 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
     while pending and not interrupted:
         batch = [SuiteRun(f"{t}@rate={r:.6g}", t, {**targets[t][0], "request_rate": r},
                           replace(targets[t][1], request_rate=r)) for t, rates in pending.items() for r in rates]
-        got_round, interrupted = run_many(batch, out, ray_address, progress)
+        todo = [r for r in batch if not (resume and complete(out / r.name))]  # names are the rates: reusable
+        got_round, interrupted = run_many(todo, out, ray_address, progress)
         results.update(got_round)
         evaluated += batch
         passed: dict[tuple[str, float], bool] = {}

@@ -129,7 +129,8 @@ def run_suite(path: Path, out: Path | None, *, force: bool = False, progress: bo
         if not resume:
             prepare_out(out, force)
         out.mkdir(parents=True, exist_ok=True)
-        return capacity_search(name, str(path), configs, spec, out, ray_address=ray_address, progress=progress)
+        return capacity_search(name, str(path), configs, spec, out, ray_address=ray_address, progress=progress,
+                               resume=resume)
     runs = expand(configs, repeats or file_repeats)
     return execute_suite(name, str(path), baseline, runs, out or Path("runs") / name, force=force,
                          progress=progress, ray_address=ray_address, resume=resume)

@@ -172,6 +172,14 @@ def test_capacity_search_brackets_the_highest_rate_that_meets_the_slos(tmp_path)
     lowest_fail = failing.min()
     assert lowest_fail > row["max_rate"] and lowest_fail / row["max_rate"] <= 1.2 + 1e-9  # a tight bracket
     assert not points[(points["request_rate"] < row["max_rate"]) & ~points["meets"].astype(bool)].size
+    # --resume asks for the same rates and reruns only the evaluation that is missing
+    import shutil
+
+    shutil.rmtree(out / "default.inflight@rate=64")
+    run_suite(path, out, progress=False, resume=True)
+    pd.testing.assert_frame_equal(pd.read_csv(out / "capacity.csv"), table)
+    statuses = [e["status"] for e in json.loads((out / "suite.json").read_text())["runs"]]
+    assert statuses.count("ok") == 1 and statuses.count("resumed") == len(points) - 1
     # the same search as Ray tasks finds the same capacity
     code, out_ray, _ = run_suite(path, tmp_path / "ray", progress=False, ray_address="")
     pd.testing.assert_frame_equal(pd.read_csv(out_ray / "capacity.csv"), table)
