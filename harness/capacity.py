@@ -7,7 +7,7 @@ A suite with a ``[capacity]`` table::
     min_fraction = 0.9                    # of the requests sent that must meet every SLO
     rate_lo = 0.5                         # the bracket searched, req/s
     rate_hi = 64.0
-    tolerance = 0.05                      # stop when hi / lo <= 1 + tolerance
+    tolerance = 0.05                      # stop when hi / lo <= 1 + tolerance (>= 0.001)
 
 searches every (configuration, strategy) of the suite. Bracketing bisection in log rate: the first round
 runs every configuration at ``rate_lo`` and ``rate_hi`` (below range if ``rate_lo`` already fails, at
@@ -53,8 +53,8 @@ class CapacitySpec:
             raise UserError(f"[capacity] min_fraction must be in (0, 1], got {self.min_fraction}")
         if not 0 < self.rate_lo < self.rate_hi < math.inf:
             raise UserError(f"[capacity] need 0 < rate_lo < rate_hi, got {self.rate_lo}, {self.rate_hi}")
-        if not self.tolerance > 0:
-            raise UserError(f"[capacity] tolerance must be positive, got {self.tolerance}")
+        if not self.tolerance >= 1e-3:  # finer than the rates' 8 significant digits in run names can hold
+            raise UserError(f"[capacity] tolerance must be >= 0.001, got {self.tolerance}")
 
     @classmethod
     def from_mapping(cls, values: dict, where: str) -> CapacitySpec:
@@ -92,7 +92,7 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
     pending = {t: [spec.rate_lo, spec.rate_hi] for t in targets}
     interrupted, results = False, {}
     while pending and not interrupted:
-        batch = [SuiteRun(f"{t}@rate={r:.6g}", t, {**targets[t][0], "request_rate": r},
+        batch = [SuiteRun(f"{t}@rate={r:.8g}", t, {**targets[t][0], "request_rate": r},
                           replace(targets[t][1], request_rate=r)) for t, rates in pending.items() for r in rates]
         todo = [r for r in batch if not (resume and complete(out / r.name))]  # names are the rates: reusable
         got_round, interrupted = run_many(todo, out, ray_address, progress)
@@ -102,7 +102,8 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
         for run in batch:
             got = _attainment(out / run.name)
             if got is None:
-                status[run.config] = f"failed at {run.opts.request_rate:g} req/s"
+                if not interrupted:  # an interrupted round's missing runs are not failures
+                    status[run.config] = f"failed at {run.opts.request_rate:g} req/s"
                 continue
             attain, row = got
             passed[run.config, run.opts.request_rate] = attain >= spec.min_fraction
