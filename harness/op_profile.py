@@ -9,8 +9,10 @@ more than one node, ``num_workers > devices_per_node``, are left out: tensor par
 Each measured kernel is priced with the cost model's own kernel functions (``gemm_work``,
 ``elementwise_bytes``, ``ring_allreduce_bytes``), so what is fitted is what a simulated step sums:
 
-- GEMMs: roofline max(FLOPs / (peak × eff_flops), bytes / (bandwidth × eff_bw)) + gemm_kernel_s; the
-  efficiencies on a log grid refined once, the latency in closed form, minimising squared relative error.
+- GEMMs: roofline max(FLOPs / (peak × eff_flops), bytes / (bandwidth × eff_bw)), or its smooth form
+  (c^k + m^k)^(1/k) for k in 4, 2, 1.5, + gemm_kernel_s; the efficiencies on a log grid refined once, the
+  latency in closed form, the combination that fits best, minimising squared relative error. The
+  combination then prices every kernel of a simulated step.
 - element-wise kernels and the embedding gather: kernel_s (shared) + bytes / (bandwidth × eff) with one
   efficiency per kernel, by linear least squares on relative error.
 - all-reduce: allreduce_latency_s + ring bytes / (link bandwidth × link_eff), the same way.
@@ -137,21 +139,28 @@ def _relative_lstsq(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         keep &= coef >= 0
 
 
-def _fit_gemms(flops: np.ndarray, nbytes: np.ndarray, y: np.ndarray, p: DeviceProfile) -> dict[str, float]:
-    best = (np.inf, p.eff_flops, p.eff_bw, p.gemm_kernel_s)
-    grids = (np.geomspace(0.05, 1.5, 60),) * 2
-    for _ in range(2):  # a coarse grid, then a fine one around its best
-        ef, eb = (a.ravel()[:, None] for a in np.meshgrid(*grids, indexing="ij"))  # [G, 1]
-        roof = np.maximum(flops[None] / (p.gpu.peak_flops * ef), nbytes[None] / (p.gpu.mem_bw * eb))  # [G, N]
-        # the latency that minimises the relative error for each grid point, in closed form
-        lat = np.maximum(((1 - roof / y) / y).sum(axis=1) / (1 / y**2).sum(), 0.0)  # [G]
-        sse = (((roof + lat[:, None]) / y - 1) ** 2).sum(axis=1)
-        i = int(np.argmin(sse))
-        if sse[i] < best[0]:
-            best = (float(sse[i]), float(ef[i, 0]), float(eb[i, 0]), float(lat[i]))
-        grids = (np.geomspace(best[1] / 1.2, min(best[1] * 1.2, 1.5), 41),
-                 np.geomspace(best[2] / 1.2, min(best[2] * 1.2, 1.5), 41))
-    return {"eff_flops": best[1], "eff_bw": best[2], "gemm_kernel_s": best[3]}
+def _fit_gemms(flops: np.ndarray, nbytes: np.ndarray, y: np.ndarray, p: DeviceProfile) -> dict:
+    """Efficiencies, latency and how compute and memory combine near the ridge (max, or smooth with
+    exponent k), minimising the squared relative error."""
+    best: tuple = (np.inf,)
+    for combine, k in (("max", p.ridge_k), ("smooth", 4.0), ("smooth", 2.0), ("smooth", 1.5)):
+        grids = (np.geomspace(0.05, 1.5, 60),) * 2
+        here: tuple = (np.inf,)
+        for _ in range(2):  # a coarse grid, then a fine one around its best
+            ef, eb = (a.ravel()[:, None] for a in np.meshgrid(*grids, indexing="ij"))  # [G, 1]
+            c, m = flops[None] / (p.gpu.peak_flops * ef), nbytes[None] / (p.gpu.mem_bw * eb)  # [G, N]
+            roof = np.maximum(c, m) if combine == "max" else (c**k + m**k) ** (1 / k)
+            # the latency that minimises the relative error for each grid point, in closed form
+            lat = np.maximum(((1 - roof / y) / y).sum(axis=1) / (1 / y**2).sum(), 0.0)  # [G]
+            sse = (((roof + lat[:, None]) / y - 1) ** 2).sum(axis=1)
+            i = int(np.argmin(sse))
+            if sse[i] < here[0]:
+                here = (float(sse[i]), float(ef[i, 0]), float(eb[i, 0]), float(lat[i]))
+            grids = (np.geomspace(here[1] / 1.2, min(here[1] * 1.2, 1.5), 41),
+                     np.geomspace(here[2] / 1.2, min(here[2] * 1.2, 1.5), 41))
+        if here[0] < best[0]:
+            best = (*here, combine, k)
+    return {"eff_flops": best[1], "eff_bw": best[2], "gemm_kernel_s": best[3], "combine": best[4], "ridge_k": best[5]}
 
 
 def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[DeviceProfile, dict]:
@@ -186,6 +195,7 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
              "median_error_datasheet": errors_by_class(ops, ar, *predict(ops, ar, base, b)),
              "median_error_fitted": errors_by_class(ops, ar, *predict(ops, ar, fit, b)),
              "fitted": {"eff_flops": fit.eff_flops, "eff_bw": fit.eff_bw, "gemm_kernel_us": fit.gemm_kernel_s * 1e6,
+                        "combine": fit.combine, "ridge_k": fit.ridge_k,
                         "kernel_us": fit.kernel_s * 1e6, "elem_eff_bw": fit.elem_eff_bw,
                         "allreduce_latency_us": fit.allreduce_latency_s * 1e6, "link_eff": fit.link_eff}}
     return fit, stats

@@ -102,8 +102,10 @@ class DeviceProfile:
     launch_latency_s: float = 0.0  # from launch (or the previous step's end) to the device starting
     sync_latency_s: float = 0.0  # from the device finishing to a waiting host seeing it
     # "max": within a kernel, compute and memory traffic overlap (a GPU roofline); "sum": they do not
-    # (what calibration finds on a CPU, where small-batch GEMMs lose efficiency a max() cannot express).
+    # (what calibration finds on a CPU, where small-batch GEMMs lose efficiency a max() cannot express);
+    # "smooth": (compute^k + memory^k)^(1/k), between the two near the ridge, as measured GEMMs are.
     combine: str = "max"
+    ridge_k: float = 2.0  # the exponent of "smooth"
     source: str = "datasheet"  # or what it was fitted to
 
     def __post_init__(self) -> None:
@@ -115,8 +117,10 @@ class DeviceProfile:
         lats = (self.overhead_s, self.row_overhead_s, self.kernel_s, self.gemm_kernel_s, self.allreduce_latency_s)
         if not all(0 < e <= 1.5 for e in effs) or min(lats) < 0:
             raise ValueError(f"device profile: efficiencies must be in (0, 1.5], latencies >= 0 ({self})")
-        if self.combine not in ("max", "sum"):
-            raise ValueError(f"device profile: combine must be max or sum, got {self.combine!r}")
+        if self.combine not in ("max", "sum", "smooth"):
+            raise ValueError(f"device profile: combine must be max, sum or smooth, got {self.combine!r}")
+        if not self.ridge_k >= 1:
+            raise ValueError(f"device profile: ridge_k must be >= 1, got {self.ridge_k}")
 
     @classmethod
     def for_gpu(cls, name: str) -> DeviceProfile:
@@ -129,7 +133,11 @@ class DeviceProfile:
     def roofline(self, flops: float, nbytes: float, eff_flops: float, eff_bw: float) -> float:
         compute = flops / (self.gpu.peak_flops * eff_flops)
         memory = nbytes / (self.gpu.mem_bw * eff_bw)
-        return max(compute, memory) if self.combine == "max" else compute + memory
+        if self.combine == "max":
+            return max(compute, memory)
+        if self.combine == "sum":
+            return compute + memory
+        return (compute**self.ridge_k + memory**self.ridge_k) ** (1 / self.ridge_k)
 
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(asdict(self), indent=2) + "\n")
