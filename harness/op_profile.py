@@ -103,9 +103,10 @@ def kernel_work(ops: pd.DataFrame, dtype_bytes: int) -> tuple[np.ndarray, np.nda
 
 
 def predict(ops: pd.DataFrame, all_reduce: pd.DataFrame, p: DeviceProfile,
-            dtype_bytes: int) -> tuple[np.ndarray, np.ndarray]:
-    """Modelled seconds of every kernel row and every all-reduce row under ``p``."""
-    flops, nbytes = kernel_work(ops, dtype_bytes)
+            work: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Modelled seconds of every kernel row (``work``: their ``kernel_work``) and every all-reduce row
+    under ``p``."""
+    flops, nbytes = work
     op_pred = np.array([p.roofline(f, b, p.eff_flops, p.eff_bw) + p.gemm_kernel_s if op in GEMMS
                         else b / (p.gpu.mem_bw * p.elem_eff_bw[op]) + p.kernel_s
                         for op, f, b in zip(ops["op"], flops, nbytes, strict=True)])
@@ -172,10 +173,10 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
     except ValueError as exc:
         raise UserError(str(exc)) from None
     ops, ar = load_op_tables(directory)
-    b, fit = DTYPE_BYTES[dtype], base
+    fit = base
+    flops, nbytes = work = kernel_work(ops, DTYPE_BYTES[dtype])  # priced once, by every profile below
     if len(ops):
         y = ops["measured_s"].to_numpy(float)
-        flops, nbytes = kernel_work(ops, b)
         gemm = ops["op"].isin(GEMMS).to_numpy()
         if gemm.any():
             fit = replace(fit, **_fit_gemms(flops[gemm], nbytes[gemm], y[gemm], base))
@@ -192,8 +193,8 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
         fit = replace(fit, allreduce_latency_s=float(lat), link_eff=min(1.5, 1 / inv) if inv else 1.5)
     fit = replace(fit, source=f"op-profile:{directory}")
     stats = {"rows": {"kernels": len(ops), "all_reduce": len(ar)},
-             "median_error_datasheet": errors_by_class(ops, ar, *predict(ops, ar, base, b)),
-             "median_error_fitted": errors_by_class(ops, ar, *predict(ops, ar, fit, b)),
+             "median_error_datasheet": errors_by_class(ops, ar, *predict(ops, ar, base, work)),
+             "median_error_fitted": errors_by_class(ops, ar, *predict(ops, ar, fit, work)),
              "fitted": {"eff_flops": fit.eff_flops, "eff_bw": fit.eff_bw, "gemm_kernel_us": fit.gemm_kernel_s * 1e6,
                         "combine": fit.combine, "ridge_k": fit.ridge_k,
                         "kernel_us": fit.kernel_s * 1e6, "elem_eff_bw": fit.elem_eff_bw,

@@ -117,6 +117,14 @@ def complete(run_dir: Path) -> bool:
     return (run_dir / "run.json").is_file() and (run_dir / "summary.csv").is_file()
 
 
+def open_out(out: Path, force: bool, resume: bool) -> Path:
+    """The suite directory: kept as it is to resume, else refused if it exists without ``force``."""
+    if not resume:
+        prepare_out(out, force)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
 def run_suite(path: Path, out: Path | None, *, force: bool = False, progress: bool = True,
               ray_address: str | None = None, resume: bool = False,
               repeats: int | None = None) -> tuple[int, Path, pd.DataFrame]:
@@ -125,10 +133,7 @@ def run_suite(path: Path, out: Path | None, *, force: bool = False, progress: bo
         from harness.capacity import CapacitySpec, capacity_search
 
         spec = CapacitySpec.from_mapping(capacity, str(path))
-        out = out or Path("runs") / name
-        if not resume:
-            prepare_out(out, force)
-        out.mkdir(parents=True, exist_ok=True)
+        out = open_out(out or Path("runs") / name, force, resume)
         return capacity_search(name, str(path), configs, spec, out, ray_address=ray_address, progress=progress,
                                resume=resume)
     runs = expand(configs, repeats or file_repeats)
@@ -141,9 +146,7 @@ def execute_suite(name: str, source: str, baseline: str | None, runs: list[Suite
                   resume: bool = False) -> tuple[int, Path, pd.DataFrame]:
     """Run what is not complete yet (everything, unless ``resume``), here or on Ray
     (``ray_address``: "" for a local Ray, else ``auto`` or ``ray://host:port``), and assemble OUT."""
-    if not resume:
-        prepare_out(out, force)
-    out.mkdir(parents=True, exist_ok=True)
+    open_out(out, force, resume)
     todo = [r for r in runs if not (resume and complete(out / r.name))]
     results, interrupted = run_many(todo, out, ray_address, progress)
     return assemble(name, source, baseline, runs, results, out, interrupted)
@@ -174,21 +177,20 @@ def assemble(name: str, source: str, baseline: str | None, runs: list[SuiteRun],
     """suite.json, summary.csv, summary_repeats.csv and the report, from the run directories in OUT."""
     entries, frames, code = [], [], EXIT_INTERRUPTED if interrupted else 0
     for run in runs:
-        result = results.get(run.name)
+        result, done = results.get(run.name), complete(out / run.name)
         # resumed: complete from before; failed: produced no run directory; stopped: wrote one, but a
         # strategy stopped early (engine fault, Ctrl-C) — its own run.json says which
-        status = ("resumed" if result is None and complete(out / run.name) else "not run" if result is None
-                  else "failed" if result.error or not complete(out / run.name)
-                  else "stopped" if result.exit_code else "ok")
+        status = ("resumed" if result is None and done else "not run" if result is None
+                  else "failed" if result.error or not done else "stopped" if result.exit_code else "ok")
         entry = {"name": run.name, "dir": run.name, "config": run.config, "repeat": run.repeat,
                  "seed": run.opts.seed, "params": run.params, "status": status}
         if result is not None and result.error:
             entry["error"] = result.error
-        if status == "failed" or (status == "not run" and not interrupted):
+        if status == "failed" or (status == "not run" and not interrupted):  # a refused run (2) fails too
             code = max(code, EXIT_FAULT)
         elif result is not None:
-            code = max(code, result.exit_code if result.exit_code != 2 else EXIT_FAULT)
-        if complete(out / run.name):
+            code = max(code, result.exit_code)
+        if done:
             summary = pd.read_csv(out / run.name / "summary.csv")
             frames.append(summary.assign(run=run.name, config=run.config, repeat=run.repeat, seed=run.opts.seed,
                                          **{k: str(v) for k, v in run.params.items()}))
