@@ -46,7 +46,6 @@ from strategies.runtime.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.engine import script_model
 from strategies.runtime.model import build_model
 from strategies.runtime.model_config import PRESETS
-from strategies.runtime.request import SamplingParams
 
 EXIT_FAULT, EXIT_INTERRUPTED = 1, 130
 
@@ -174,8 +173,14 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
         log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
     model_cfg, model = load_model(opts)
     executor, sim_info = resolve_executor(opts)
-    defaults = SamplingParams(temperature=opts.temperature, top_k=opts.top_k, top_p=opts.top_p, min_p=opts.min_p,
-                              ignore_eos=opts.ignore_eos)
+    defaults = opts.sampling_defaults()
+    # The decoder state and block tables hold as many beam rows per slot as the widest request needs.
+    widest = max([defaults.beam_width] + [int((t.sampling or {}).get("beam_width", 1)) for t in trace.requests])
+    if widest != executor.max_beam_width:
+        try:
+            executor = dataclasses.replace(executor, max_beam_width=widest)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
     warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16))
             for t in trace.requests[: opts.warmup]]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -81,6 +81,13 @@ class RunOptions:
     min_p: float = _opt(0.0, "min-p (0: off)")
     seed: int = _opt(0, "seed for the trace, prompts and sampling")
     ignore_eos: bool = _opt(False, "generate exactly the trace's output lengths")
+    beam_width: int = _opt(1, "beams per request: deterministic beam search, HF's semantics (1: off; a trace "
+                              "line's beam_width overrides)")
+    length_penalty: float = _opt(1.0, "beam search: a finished beam scores log-prob / generated length ** this")
+    early_stopping: str = _opt("false", "beam search: stop a request once K beams finished (true), when HF's "
+                                        "heuristic says none can improve (false), or by the exact criterion (never)",
+                               choices=("false", "true", "never"))
+    num_return_sequences: int = _opt(1, "beam search: best finished beams returned per request (<= beam width)")
     metric_percentiles: str = _opt("90,99", "percentiles reported for each latency metric")
     goodput: tuple[str, ...] | None = _opt(None, "SLOs as METRIC:MS (ttft, tpot, e2el)", nargs="+")
     warmup: int = _opt(8, "warm-up requests per strategy (not measured)")
@@ -116,10 +123,7 @@ class RunOptions:
             raise UserError("--warmup must be >= 0")
         if self.seed < 0:
             raise UserError(f"--seed must be >= 0, got {self.seed}")
-        try:
-            SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
-        except ValueError as exc:
-            raise UserError(f"sampling options: {exc}") from None
+        self.sampling_defaults()
         if self.max_concurrency is not None and self.max_concurrency <= 0:
             raise UserError(f"--max-concurrency must be positive, got {self.max_concurrency}")
         parse_percentiles(self.metric_percentiles)
@@ -127,6 +131,17 @@ class RunOptions:
         if self.profile_iters is not None:
             self.profile_range()
         self.executor_config()  # validates the executor limits
+
+    def sampling_defaults(self) -> SamplingParams:
+        """Every request's sampling unless its trace line says otherwise."""
+        early = {"true": True, "false": False}.get(str(self.early_stopping).lower(), self.early_stopping)
+        try:
+            return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                                  ignore_eos=self.ignore_eos, beam_width=self.beam_width,
+                                  length_penalty=self.length_penalty, early_stopping=early,
+                                  num_return_sequences=self.num_return_sequences)
+        except ValueError as exc:
+            raise UserError(f"sampling options: {exc}") from None
 
     @property
     def percentiles(self) -> tuple[float, ...]:
@@ -162,7 +177,7 @@ class RunOptions:
                 tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, prefix_caching=self.prefix_caching,
                 kv_watermark=self.kv_watermark, device=self.device, device_memory=self.device_memory,
                 device_threads=self.device_threads, compile=self.compile, instrument=self.instrument,
-                sim=self.sim_config())
+                max_beam_width=self.beam_width, sim=self.sim_config())
         except ValueError as exc:
             raise UserError(str(exc)) from None
 

@@ -6,7 +6,11 @@
   tokens read from the prefix cache instead of computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where
   undefined).
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
-``tokens.jsonl``: {"request_id", "tokens": [int], "times_s": [float]} per request.
+``tokens.jsonl``: {"request_id", "tokens": [int], "times_s": [float]} per request. For a beam-search
+request ``tokens`` is the best finished sequence; with num_return_sequences > 1 a ``beams`` list holds
+each returned sequence as {"tokens", "score"} (score: HF's length-penalised log-probability), best first.
+Its ``output_tokens`` and ``times_s`` count decoding steps (one row per beam each), which the best
+sequence may be shorter than.
 """
 
 from __future__ import annotations
@@ -48,8 +52,14 @@ def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
 
 
 def tokens_jsonl(requests: list[Request]) -> str:
-    return "".join(json.dumps({"request_id": r.request_id, "tokens": r.output_token_ids,
-                               "times_s": r.token_times_s}) + "\n" for r in requests)
+    return "".join(json.dumps(_token_line(r)) + "\n" for r in requests)
+
+
+def _token_line(r: Request) -> dict:
+    line = {"request_id": r.request_id, "tokens": r.output_token_ids, "times_s": r.token_times_s}
+    if r.beams and len(r.beams) > 1:
+        line["beams"] = [{"tokens": tokens, "score": score} for tokens, score in r.beams]
+    return line
 
 
 def read_tokens(text: str) -> dict[str, list[float]]:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from harness.errors import UserError
 from harness.source import TraceSource
 from harness.traces.prompts import PromptBuilder
 from harness.traces.trace import TraceRequest
@@ -51,7 +52,12 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
             overrides["stop_token_ids"] = tuple(overrides["stop_token_ids"])
         # A distinct stream per request, derived from the run seed: reproducible, strategy-independent.
         overrides.setdefault("seed", (seed * 1_000_003 + i) % 2**32)
-        sampling = replace(defaults, **overrides)
+        if "beam_width" in overrides and "num_return_sequences" not in overrides:  # a line's narrower beam
+            overrides["num_return_sequences"] = min(defaults.num_return_sequences, overrides["beam_width"])
+        try:
+            sampling = replace(defaults, **overrides)
+        except ValueError as exc:
+            raise UserError(f"request {t.request_id or f'{prefix}{i}'}: {exc}") from None
         out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s,
                            num_prompt_tokens=t.input_tokens))
     return out

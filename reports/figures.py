@@ -87,7 +87,7 @@ def _binned(t: np.ndarray, values: np.ndarray, t_max: float, how: str) -> tuple[
 
 
 def over_time(runs: list[RunData]) -> go.Figure:
-    panels = [("Output throughput (tokens/s)", None), ("Batch size (requests per iteration)", "batch"),
+    panels = [("Output throughput (tokens/s)", None), ("Batch size (rows per iteration)", "batch"),
               ("Active slots", "active_slots"), ("Waiting requests", "waiting_requests"),
               ("KV blocks in use", "kv_blocks_used")]
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p for p, _ in panels],

@@ -17,7 +17,7 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.block_manager import BlockManager
+from strategies.runtime.block_manager import BlockManager, beam_blocks
 from strategies.runtime.clock import Clock
 from strategies.runtime.decoder_state import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.device import DeviceWork, make_stream
@@ -87,7 +87,9 @@ class Executor(ABC):
         if r.prompt_len + r.max_new_tokens > c.max_seq_len:
             return (f"prompt ({r.prompt_len}) + max_new_tokens ({r.max_new_tokens}) exceeds "
                     f"max_seq_len ({c.max_seq_len})")
-        if -(-(r.prompt_len + r.max_new_tokens) // c.tokens_per_block) > c.total_kv_blocks:
+        if r.width > c.max_beam_width:
+            return f"beam width {r.width} exceeds the executor's maximum ({c.max_beam_width})"
+        if beam_blocks(r.prompt_len + r.max_new_tokens, c.tokens_per_block, r.width, r.prompt_len) > c.total_kv_blocks:
             return f"needs more KV blocks than the cache has ({c.total_kv_blocks})"
         if len(r.sampling.stop_token_ids) >= MAX_STOP_IDS:
             return f"at most {MAX_STOP_IDS - 1} stop token ids"
@@ -113,7 +115,7 @@ class Strategy(Executor):
         c = config
         sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": self.max_tokens_per_step(),
                  "max_batch": c.max_batch_size, "num_buffer_sets": self.num_buffer_sets,
-                 "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block}
+                 "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block, "max_beam": c.max_beam_width}
         if c.device == "sim":
             from strategies.runtime.sim.build import sim_engine
 
@@ -124,7 +126,7 @@ class Strategy(Executor):
             self.engine = Engine(model_cfg, model, self.stream, **sizes)
         self.slots = SlotManager(c.max_batch_size)
         self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
-                               c.prefix_caching)
+                               c.prefix_caching, c.max_beam_width)
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
         self._admissions = 0
@@ -198,7 +200,7 @@ class Strategy(Executor):
         slot = self.slots.acquire(r.request_id)
         r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block)
         self._admissions += 1
-        self.kv.admit(slot, hits, reserve_tokens)
+        self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
         self.running.append(r)
 
     def _release(self, r: Request) -> None:
@@ -232,7 +234,8 @@ class Strategy(Executor):
                 for r in self.running:
                     self.kv.commit(r.slot, r)
         rec.num_context_requests = len(batch.context)
-        rec.num_generation_requests = len(batch.generation)
+        rec.num_generation_requests = batch.num_generation_rows
+        rec.num_beam_rows = batch.num_beam_rows
         rec.num_tokens = batch.num_tokens
         rec.num_padding_tokens = batch.num_padding_tokens
         rec.active_slots = self.slots.num_used
@@ -248,10 +251,10 @@ class Strategy(Executor):
 
     def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
         with self._phase(rec, "prepare"):
-            self.engine.prepare(batch, bufs, self.kv.table)
+            self.engine.prepare(batch, bufs, self.kv.tables)
         work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
-        rec.num_samples = len(bufs.step.rows)
+        rec.num_samples = bufs.runtime.num_samples
         w = bufs.work
         rec.kv_read_tokens, rec.attention_pairs = w.kv_read_tokens, w.attention_pairs
         rec.num_context_tokens = w.context_tokens
@@ -269,21 +272,33 @@ class Strategy(Executor):
             setattr(rec, f"{name}_end_s", end)
 
     def _postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
-        """Hand each sampled token to its request; finish the ones the device says are done. A row the
+        """Hand each sampled token to its request; finish the ones the device says are done. Rows the
         device computed for a request it knew to be finished (static's done rows, overlap's one extra
-        step) is padding."""
+        step) are padding. A finished beam request's sequences are read back before its slot is let go."""
         with self._phase(rec, "postprocess"):
             tokens, codes = self.engine.outputs(bufs)
             now = self.clock.now()  # the host holds the tokens from here: what a streaming client sees
+            beams_done: list[tuple[Request, int]] = []
             for r, tok, code in zip(bufs.step.rows, tokens, codes, strict=True):
                 r.pending_samples -= 1
                 if code == DISCARDED:
-                    rec.num_padding_tokens += 1
+                    rec.num_padding_tokens += r.width
                     continue
                 if r.status.terminal:
                     continue
+                if r.width > 1 and r.status is Status.WAITING:  # preempted: the beam search starts over
+                    rec.num_padding_tokens += r.width
+                    continue
                 r.append_token(tok, now)
                 if code != CONTINUE:
+                    if r.width > 1:
+                        beams_done.append((r, code))
+                    else:
+                        self._finish(r, FINISH_REASONS[code])
+            if beams_done:
+                results = self.engine.read_beams(rec.iteration, [r for r, _ in beams_done])
+                for (r, code), beams in zip(beams_done, results, strict=True):
+                    r.beams = beams
                     self._finish(r, FINISH_REASONS[code])
 
     def _finish(self, r: Request, reason: str) -> None:

@@ -21,6 +21,7 @@ class ExecutorConfig:
     kv_blocks: int | None = None  # None: enough for every slot at max_seq_len
     prefix_caching: bool = False  # reuse full KV blocks by content hash across requests
     kv_watermark: float = 0.01  # max-utilization: free-block fraction kept back while requests run (vLLM's)
+    max_beam_width: int = 1  # beam rows per slot in the decoder state and block tables (TensorRT-LLM's maxBeamWidth)
     device: str = "cpu"
     device_memory: str | None = None  # shared | split; None: shared on CPU and sim, split on CUDA
     device_threads: int = 1  # CPU: torch threads of the device worker (the host keeps the other core)
@@ -32,6 +33,9 @@ class ExecutorConfig:
         for name in ("max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.max_beam_width <= self.max_batch_size:
+            raise ValueError(f"beam width must be in [1, --max-batch-size={self.max_batch_size}]: a request's "
+                             f"beams are rows of one batch, got {self.max_beam_width}")
         if self.kv_blocks is not None and self.kv_blocks <= 0:
             raise ValueError(f"--kv-blocks must be positive, got {self.kv_blocks}")
         if self.capacity_policy not in CAPACITY_POLICIES:

@@ -45,9 +45,11 @@ class IterationScheduler:
         for r in running:
             (prefills if r.is_prefilling else decodes).append(r)
         kv, tpb = self.kv, self.kv.tokens_per_block
-        for r in decodes:  # decodes first: one token each (the hot path: one pass, no helper calls)
-            if budget < 1:
-                break
+        for r in decodes:  # decodes first: one token per beam (the hot path: one pass, no helper calls)
+            if budget < r.width:
+                if budget < 1:
+                    break
+                continue
             if r.slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens:
                 continue  # preempted earlier in this loop; or every token it wants is on its way
             tokens = r.num_computed_tokens + 1
@@ -58,7 +60,7 @@ class IterationScheduler:
             batch.generation.append(GenerationStep(r, r.num_computed_tokens))
             r.num_computed_tokens = tokens
             r.pending_samples += 1
-            budget -= 1
+            budget -= r.width
         for r in prefills:  # then prefill chunks
             if r.slot is None:
                 continue
@@ -70,8 +72,12 @@ class IterationScheduler:
             kv.grow(r.slot, r.num_computed_tokens + n)
             budget -= self._add(batch, r, n)
         rows = len(batch.context) + len(batch.generation)
-        while waiting and free_slots > 0 and rows < self.config.max_batch_size and budget > 0:
+        if self.config.max_beam_width > 1:  # a beam request decodes K rows: count every running request's
+            rows = sum(r.width for r in running)
+        while waiting and free_slots > 0 and budget > 0:
             r = waiting[0]
+            if rows + r.width > self.config.max_batch_size:
+                break
             if r.pending_samples:  # preempted with a token still on the device: resume once it lands
                 break
             hits = self.kv.prefix_hit(r)
@@ -81,13 +87,13 @@ class IterationScheduler:
                 break
             reserve = r.prompt_len + r.max_new_tokens if self.guaranteed else len(hits) * tpb + n
             spare = self.watermark if running else 0  # alone, a request may use the whole cache
-            if self.kv.admission_blocks(hits, reserve) > self.kv.free_blocks - spare:
+            if self.kv.admission_blocks(hits, reserve, r) > self.kv.free_blocks - spare:
                 break
             waiting.popleft()
             admit(r, hits, reserve)
             batch.admitted.append(r)
             free_slots -= 1
-            rows += 1
+            rows += r.width
             budget -= self._add(batch, r, n)
         return batch
 

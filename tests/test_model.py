@@ -15,20 +15,6 @@ from tests.util import make_requests, run_strategy
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def hf_checkpoint(tmp_path_factory):
-    """A random LlamaForCausalLM built from a config (no hub access), saved with save_pretrained."""
-    cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                                   rope_theta=10000.0, rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=1,
-                                   pad_token_id=0, tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(cfg).to(torch.float64).eval()
-    path = tmp_path_factory.mktemp("ckpt")
-    model.save_pretrained(path, safe_serialization=True)
-    return path, model
-
-
 def test_checkpoint_is_safetensors_only(hf_checkpoint):
     path, _ = hf_checkpoint
     assert list(path.glob("*.safetensors")) and not list(path.glob("*.bin"))

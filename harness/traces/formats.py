@@ -27,7 +27,8 @@ from harness.errors import TraceError
 from harness.traces.trace import Trace, TraceRequest
 
 FORMATS = ("azure", "burstgpt", "mooncake", "slotbench")
-SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stop_token_ids")
+SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stop_token_ids", "beam_width",
+                 "length_penalty", "early_stopping", "num_return_sequences")
 
 
 def load_trace(path: str, fmt: str = "auto") -> Trace:
@@ -227,14 +228,18 @@ def _check_sampling(path: str, line: int, sampling: dict) -> None:
         if not isinstance(stops, list) or not all(isinstance(t, int) and t >= 0 for t in stops):
             raise TraceError(path, line, "stop_token_ids: expected a list of non-negative integers")
         values["stop_token_ids"] = tuple(stops)
-    for key in ("top_k", "seed"):
+    for key in ("top_k", "seed", "beam_width", "num_return_sequences"):
         if key in values and not (isinstance(values[key], int) and not isinstance(values[key], bool)):
             raise TraceError(path, line, f"{key}: {values[key]!r} is not an integer")
-    for key in ("temperature", "top_p", "min_p"):
+    for key in ("temperature", "top_p", "min_p", "length_penalty"):
         if key in values and not (isinstance(values[key], int | float) and not isinstance(values[key], bool)):
             raise TraceError(path, line, f"{key}: {values[key]!r} is not a number")
     if "ignore_eos" in values and not isinstance(values["ignore_eos"], bool):
         raise TraceError(path, line, f"ignore_eos: {values['ignore_eos']!r} is not true or false")
+    if "early_stopping" in values and values["early_stopping"] not in (True, False, "never"):
+        raise TraceError(path, line, f"early_stopping: {values['early_stopping']!r} is not true, false or \"never\"")
+    if "num_return_sequences" in values and "beam_width" not in values:
+        values["beam_width"] = max(1, values["num_return_sequences"])  # checked with the run's width later
     try:
         SamplingParams(**values)
     except ValueError as exc:

@@ -6,7 +6,8 @@ sampled at n, and the two steps use different buffer sets. The host learns of a 
 a request that hit a stop token at n is computed once more at n+1, that token is discarded, and its
 slot is released one iteration later. Length finishes are known in advance: once a request's last
 token is launched its slot and blocks go back at the next schedule, before that token is read — safe
-because the device runs steps in order, so a new owner's admission lands after the old step.
+because the device runs steps in order, so a new owner's admission lands after the old step. A beam
+request keeps its slot until its finish is read: its hypotheses are read back from the slot then.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class OverlapStrategy(InflightStrategy):
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         for r in list(self.running):
-            if not r.is_prefilling and not r.wants_more_samples:  # last token launched, not yet read
+            if r.width == 1 and not r.is_prefilling and not r.wants_more_samples:  # last token launched, not read
                 self._release(r)
         return super().schedule(iteration)
 

@@ -40,6 +40,8 @@ class PeerExecutor(Executor):
             return f"{self.name} runs greedy only (its sampler is not slotbench's)"
         if r.sampling.stop_token_ids:
             return f"{self.name} takes no per-request stop ids"
+        if r.width > 1:
+            return f"{self.name} runs no beam search"
         return super().rejection(r)
 
     def arrivals(self, source: RequestSource) -> list[Request]:

@@ -18,7 +18,7 @@ class ContextChunk:
 
 @dataclass(slots=True)
 class GenerationStep:
-    request: Request
+    request: Request  # computed as request.width rows, one per beam, all at the same position
     position: int  # position of the input token (the last sampled one, read from decoder state)
 
 
@@ -50,8 +50,18 @@ class ScheduledBatch:
         return sum(c.length + c.padding for c in self.context)
 
     @property
+    def num_generation_rows(self) -> int:
+        """Generation tokens: one per beam of each generating request."""
+        return sum(g.request.width for g in self.generation)
+
+    @property
+    def num_beam_rows(self) -> int:
+        """Generation rows that belong to beam-search requests."""
+        return sum(g.request.width for g in self.generation if g.request.width > 1)
+
+    @property
     def num_tokens(self) -> int:
-        return self.num_context_tokens + len(self.generation)
+        return self.num_context_tokens + self.num_generation_rows
 
     @property
     def num_padding_tokens(self) -> int:
@@ -61,8 +71,12 @@ class ScheduledBatch:
 
     @property
     def sampled_requests(self) -> list[Request]:
-        """Requests in the order of the step's output rows."""
-        return [c.request for c in self.context if c.samples] + [g.request for g in self.generation]
+        """Requests in the order of the step's outputs: single-row requests first, then beam requests
+        grouped by width (each width is one beam-search call over adjacent rows)."""
+        reqs = [c.request for c in self.context if c.samples] + [g.request for g in self.generation]
+        if any(r.width > 1 for r in reqs):
+            reqs = [r for r in reqs if r.width == 1] + sorted((r for r in reqs if r.width > 1), key=lambda r: r.width)
+        return reqs
 
     def work(self) -> BatchWork:
         kv = pairs = 0
@@ -71,11 +85,15 @@ class ScheduledBatch:
             kv += end
             pairs += n * c.start + n * (n + 1) // 2
         ctx_kv, ctx_pairs = kv, pairs
-        for g in self.generation:
-            kv += g.position + 1
-            pairs += g.position + 1
-        samples = sum(1 for c in self.context if c.samples) + len(self.generation)
-        return BatchWork(self.num_tokens, samples, kv, pairs, self.num_context_tokens, ctx_kv, ctx_pairs)
+        rows = 0
+        for g in self.generation:  # each beam row reads its whole (indirected) context
+            w = g.request.width
+            rows += w
+            kv += w * (g.position + 1)
+            pairs += w * (g.position + 1)
+        samples = sum(c.request.width for c in self.context if c.samples) + rows
+        return BatchWork(self.num_context_tokens + rows, samples, kv, pairs, self.num_context_tokens, ctx_kv,
+                         ctx_pairs)
 
     def __bool__(self) -> bool:
         return bool(self.context or self.generation)

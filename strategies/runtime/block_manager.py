@@ -12,6 +12,12 @@ joins an LRU pool of free-but-reusable blocks, tail blocks of a request first, a
 no never-cached block is free. An admitted request takes its longest cached prefix, always leaving at
 least its last prompt token to compute (its logits are needed) — whole blocks only, so no request ever
 writes into a block another one reads.
+
+Beam search: a slot has ``max_beam`` table rows (``tables [slots, max_beam, max_blocks_per_seq]``). The
+prompt's full blocks are written once, by beam 0's context step, and every beam's row lists them (held
+once, by the request). From the block holding the first generated position on, each beam holds blocks
+of its own and writes only its own positions; which beam's block a position is read from is the cache
+indirection's business (``beam_search.py``), so a reorder moves no KV and no block.
 """
 
 from __future__ import annotations
@@ -23,16 +29,29 @@ import numpy as np
 from strategies.runtime.request import Request
 
 
+def beam_blocks(num_tokens: int, tokens_per_block: int, width: int, prompt_len: int, held: int = 0) -> int:
+    """Blocks a request of ``width`` beams takes to hold ``num_tokens`` tokens when it holds ``held``
+    (beam 0's count): beam 0's new ones, plus each other beam's own from its first generated block on."""
+    need = -(-num_tokens // tokens_per_block)
+    extra = max(0, need - held)
+    if width > 1:
+        extra += (width - 1) * max(0, need - max(held, prompt_len // tokens_per_block))
+    return extra
+
+
 class BlockManager:
     def __init__(self, num_blocks: int, tokens_per_block: int, num_slots: int, max_blocks_per_seq: int,
-                 prefix_caching: bool = False) -> None:
+                 prefix_caching: bool = False, max_beam: int = 1) -> None:
         if tokens_per_block <= 0 or num_blocks <= 0:
             raise ValueError("tokens_per_block and total_blocks must be positive")
         self.tokens_per_block = tokens_per_block
         self.total_blocks = num_blocks
         self.prefix_caching = prefix_caching
-        self.table = np.zeros((num_slots, max_blocks_per_seq), dtype=np.int64)  # [S, MB] each slot's blocks
+        self.tables = np.zeros((num_slots, max_beam, max_blocks_per_seq), dtype=np.int64)  # [S, Kb, MB]
+        self.table = self.tables[:, 0]  # [S, MB] each slot's (beam 0's) blocks
         self._held = [0] * num_slots  # blocks in each slot's table row
+        self._width = [1] * num_slots  # beam rows of the slot's request
+        self._shared = [0] * num_slots  # leading blocks every beam of the slot reads (the prompt's full ones)
         self._hashed = [0] * num_slots  # leading blocks of the row registered in the cache
         self._ref = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))  # never cached, or wiped
@@ -82,24 +101,33 @@ class BlockManager:
             hits.append(block)
         return hits
 
-    def admission_blocks(self, hits: list[int], reserve_tokens: int) -> int:
-        """Free blocks an admission consumes: the new ones, and the hits that sat in the LRU pool."""
-        return max(0, self.blocks_for(reserve_tokens) - len(hits)) + sum(1 for b in hits if b in self._evictable)
+    def admission_blocks(self, hits: list[int], reserve_tokens: int, r: Request | None = None) -> int:
+        """Free blocks an admission consumes: the new ones (each beam's own too, for a beam request ``r``),
+        and the hits that sat in the LRU pool."""
+        width, prompt_len = (r.width, r.prompt_len) if r is not None else (1, 0)
+        extra = beam_blocks(reserve_tokens, self.tokens_per_block, width, prompt_len, len(hits))
+        return extra + sum(1 for b in hits if b in self._evictable)
 
     # --- holding blocks --------------------------------------------------------------------------
-    def admit(self, slot: int, hits: list[int], reserve_tokens: int) -> None:
-        """Give an empty slot its cached prefix blocks, then grow it to ``reserve_tokens``."""
+    def admit(self, slot: int, hits: list[int], reserve_tokens: int, width: int = 1, prompt_len: int = 0) -> None:
+        """Give an empty slot its cached prefix blocks, then grow it to ``reserve_tokens``; a beam request
+        (``width`` > 1) shares the full blocks of its ``prompt_len`` prompt among its beams."""
         if self._held[slot]:
             raise RuntimeError(f"slot {slot} still holds {self._held[slot]} blocks")
+        if width > self.tables.shape[1]:
+            raise RuntimeError(f"beam width {width} exceeds the tables' {self.tables.shape[1]} rows")
         for b in hits:
             self._take(b)
-        self.table[slot, :len(hits)] = hits
+        self._width[slot] = width
+        self._shared[slot] = prompt_len // self.tokens_per_block if width > 1 else 0
+        self.tables[slot, :width, :len(hits)] = hits
         self._held[slot] = self._hashed[slot] = len(hits)
         self.grow(slot, reserve_tokens)
 
     def extra_blocks(self, slot: int, num_tokens: int) -> int:
-        """Blocks still to take so that ``slot`` can hold ``num_tokens`` tokens."""
-        return max(0, self.blocks_for(num_tokens) - self._held[slot])
+        """Blocks still to take so that ``slot`` can hold ``num_tokens`` tokens (in every beam)."""
+        shared_tokens = self._shared[slot] * self.tokens_per_block
+        return beam_blocks(num_tokens, self.tokens_per_block, self._width[slot], shared_tokens, self._held[slot])
 
     def can_grow(self, slot: int, num_tokens: int) -> bool:
         return self.extra_blocks(slot, num_tokens) <= self.free_blocks
@@ -108,20 +136,24 @@ class BlockManager:
         extra = self.extra_blocks(slot, num_tokens)
         if extra > self.free_blocks:
             raise RuntimeError(f"KV cache: slot {slot} needs {extra} more blocks, {self.free_blocks} free")
-        n = self._held[slot]
-        if n + extra > self.table.shape[1]:
-            raise RuntimeError(f"KV cache: slot {slot} would hold {n + extra} blocks, a row has "
-                               f"{self.table.shape[1]}")
-        for i in range(n, n + extra):
-            self.table[slot, i] = self._allocate()
-        self._held[slot] = n + extra
+        n, need = self._held[slot], max(self._held[slot], self.blocks_for(num_tokens))
+        if need > self.table.shape[1]:
+            raise RuntimeError(f"KV cache: slot {slot} would hold {need} blocks, a row has {self.table.shape[1]}")
+        rows, shared = self.tables[slot], self._shared[slot]
+        for i in range(n, need):
+            rows[0, i] = self._allocate()
+            for b in range(1, self._width[slot]):
+                rows[b, i] = rows[0, i] if i < shared else self._allocate()
+        self._held[slot] = need
 
     def commit(self, slot: int, r: Request) -> None:
         """Register the slot's blocks that are now full of known tokens with computed keys. Keys are
         launched in stream order, so a later reader always runs after the writer."""
         if not self.prefix_caching:
             return
-        full = min(r.num_computed_tokens, len(r.token_ids)) // self.tokens_per_block
+        # A beam request's known tokens end with its prompt: beam 0's blocks after it hold a beam's keys.
+        known = r.prompt_len if r.width > 1 else len(r.token_ids)
+        full = min(r.num_computed_tokens, known) // self.tokens_per_block
         if full <= self._hashed[slot]:
             return
         hashes = self.block_hashes(r, full)
@@ -135,7 +167,12 @@ class BlockManager:
     def release(self, slot: int, r: Request) -> None:
         """Let go of every block of the slot; cached ones stay reusable, tail blocks evicted first."""
         self.commit(slot, r)
-        for i in range(self._held[slot] - 1, -1, -1):
+        held, shared = self._held[slot], self._shared[slot]
+        for beam in range(self._width[slot] - 1, 0, -1):  # beams' own blocks: never cached
+            self._free.extend(int(b) for b in self.tables[slot, beam, shared:held])
+            for i in range(shared, held):
+                self._ref[int(self.tables[slot, beam, i])] = 0
+        for i in range(held - 1, -1, -1):
             b = int(self.table[slot, i])
             self._ref[b] -= 1
             if self._ref[b] == 0:
@@ -144,6 +181,7 @@ class BlockManager:
                 else:
                     self._free.append(b)
         self._held[slot] = self._hashed[slot] = 0
+        self._width[slot], self._shared[slot] = 1, 0
 
     def _take(self, block: int) -> None:
         if self._ref[block] == 0:

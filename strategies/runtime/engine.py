@@ -18,8 +18,10 @@ from strategies.runtime.batch import BatchWork, ScheduledBatch
 from strategies.runtime.decoder_state import DecoderState
 from strategies.runtime.device import DeviceStream, DeviceWork
 from strategies.runtime.kv_cache import KVCachePool
+from strategies.runtime.memory import Mirrored
 from strategies.runtime.model import LlamaModel
 from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.request import Request
 from strategies.runtime.runtime_buffers import RuntimeBuffers
 from strategies.runtime.step_io import StepIO
 
@@ -46,7 +48,7 @@ def script_model(model: LlamaModel) -> torch.nn.Module:
 class Engine:
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream: DeviceStream, *, num_slots: int,
                  max_seq_len: int, max_tokens: int, max_batch: int, num_buffer_sets: int, num_blocks: int,
-                 tokens_per_block: int) -> None:
+                 tokens_per_block: int, max_beam: int = 1) -> None:
         if max_seq_len > cfg.max_position_embeddings:
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
@@ -58,7 +60,14 @@ class Engine:
         self.kv = self._kv_storage(num_blocks, tokens_per_block)
         empty = memory.zeros((0,), cfg.torch_dtype)
         self._k, self._v = (self.kv.k, self.kv.v) if self.kv is not None else (empty, empty)
-        self.state = DecoderState(num_slots, MAX_STOP_IDS, memory)
+        self.state = DecoderState(num_slots, MAX_STOP_IDS, memory, max_beam, max_seq_len)
+        # Finished beam requests' hypotheses, read back once per finish (not per step): [F, Kb, L] tokens,
+        # [F, Kb] lengths and scores, for the slots listed in ``_final_slots``.
+        kb, g = (max_beam, max_seq_len) if max_beam > 1 else (0, 0)
+        self._final_slots = Mirrored(memory, (num_slots,), torch.int64)
+        self._final_tokens = Mirrored(memory, (num_slots, kb, g), torch.int64)
+        self._final_lens = Mirrored(memory, (num_slots, kb), torch.int64)
+        self._final_scores = Mirrored(memory, (num_slots, kb), torch.float32)
         self.buffer_sets = [
             BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block, cfg.vocab_size, memory),
                       StepIO(max_batch, MAX_STOP_IDS, memory))
@@ -74,9 +83,11 @@ class Engine:
         return self.kv.nbytes if self.kv is not None else 0
 
     def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray) -> None:
-        """Host side: write the batch into the set's staging buffers (``block_table``: per slot)."""
-        bufs.runtime.fill(batch, block_table)
-        bufs.step.fill(batch, self.cfg.eos_token_id)
+        """Host side: write the batch into the set's staging buffers (``block_table [S, Kb, MB]``: per
+        slot and beam)."""
+        order = batch.sampled_requests
+        bufs.runtime.fill(batch, block_table, order)
+        bufs.step.fill(order, batch.admitted, self.cfg.eos_token_id)
         bufs.work = batch.work()
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
@@ -85,9 +96,34 @@ class Engine:
                                                ("sample", lambda: self._sample(bufs))])
 
     def outputs(self, bufs: BufferSet) -> tuple[list[int], list[int]]:
-        """Sampled tokens and finish codes per row; valid once the step's work is waited for."""
+        """Sampled tokens and finish codes per request; valid once the step's work is waited for."""
         out = bufs.step.out.host[:len(bufs.step.rows)].tolist()
         return [t for t, _ in out], [c for _, c in out]
+
+    def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
+        """The finished hypotheses of beam requests the device has finished, best first, each as (tokens,
+        score): one gather and download on the stream, waited for. Called before their slots are released,
+        so no later admission can overwrite them first."""
+        n = len(requests)
+        for i, r in enumerate(requests):
+            self._final_slots.np[i] = r.slot
+
+        def gather() -> None:
+            self._final_slots.upload(n)
+            slots = self._final_slots.dev[:n]
+            self._final_tokens.dev[:n] = self.state.hyp_seq[slots]
+            self._final_lens.dev[:n] = self.state.hyp_len[slots]
+            self._final_scores.dev[:n] = self.state.hyp_score[slots]
+            for m in (self._final_tokens, self._final_lens, self._final_scores):
+                m.download(n)
+
+        self.stream.wait(self.stream.enqueue(iteration, [("finalize", gather)]))
+        out = []
+        for i, r in enumerate(requests):
+            lens, scores = self._final_lens.np[i], self._final_scores.np[i]
+            out.append([(self._final_tokens.np[i, j, :lens[j]].tolist(), float(scores[j]))
+                        for j in range(r.sampling.num_return_sequences)])
+        return out
 
     def _forward(self, iteration: int, bufs: BufferSet) -> None:
         if self.fault_at_iteration is not None and iteration >= self.fault_at_iteration:
@@ -101,12 +137,19 @@ class Engine:
         # Generation inputs come from the decoder state on the device, never from the host.
         self.model.step(rb.tokens.dev[:rb.num_tokens], rb.device_block_table(), rb.ctx_starts, rb.ctx_lens,
                         rb.ctx_pos0, rb.num_ctx_tokens, rb.gen_kmax, self.tokens_per_block,
-                        rb.rows.dev[:rb.num_samples], self.state.last_token, self._k, self._v, rb.logits)
+                        rb.rows.dev[:rb.num_samples], self.state.last_token_rows, self._k, self._v, rb.logits,
+                        self.state.indirection, self.state.max_beam)
 
     def _sample(self, bufs: BufferSet) -> None:
         rb, io = bufs.runtime, bufs.step
-        n = rb.num_samples
-        if n == 0:
+        if rb.num_samples == 0:
             return
-        self.state.sample(rb.logits[:n], io.slots.dev[:n], io.out.dev[:n], io.use_filters, io.any_random)
+        n = io.num_single
+        if n:
+            self.state.sample(rb.logits[:n], io.slots.dev[:n], io.out.dev[:n], io.use_filters, io.any_random)
+        row = n
+        for width, count, pool, glen, kv_width in io.groups:  # beam requests, one call per width
+            self.state.beam_step(rb.logits[row:row + count * width], io.slots.dev[n:n + count],
+                                 io.out.dev[n:n + count], width, pool, glen, kv_width)
+            row, n = row + count * width, n + count
         io.download()

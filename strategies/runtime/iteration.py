@@ -27,10 +27,11 @@ class IterationRecord:
     waited_before_next_launch: int = 0  # 1 if the host blocked on this step before launching the next
     # What was computed.
     num_context_requests: int = 0  # context chunks (prefill) in the forward
-    num_generation_requests: int = 0  # one-token generation rows, padding rows included
+    num_generation_requests: int = 0  # one-token generation rows (one per beam of a beam request), padding included
+    num_beam_rows: int = 0  # those of them that belong to beam-search requests (K per request)
     num_tokens: int = 0  # tokens computed, padding included
     num_padding_tokens: int = 0  # computed for nothing: pad tokens, rows of requests already finished
-    num_samples: int = 0  # rows sampled (tokens produced, before discards)
+    num_samples: int = 0  # rows sampled (logit rows: one per beam of a beam request), before discards
     kv_read_tokens: int = 0  # KV entries attention reads (each request's whole context)
     attention_pairs: int = 0  # (query, key) pairs scored by attention
     num_context_tokens: int = 0  # tokens of context chunks (padding included); the rest are generation rows

@@ -160,11 +160,13 @@ class LlamaModel(nn.Module):
     def step(self, tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
              ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int, tokens_per_block: int,
              sample_rows: torch.Tensor, last_token: torch.Tensor, k_pools: torch.Tensor, v_pools: torch.Tensor,
-             logits_out: torch.Tensor) -> None:
-        """The engine's forward as one call. tokens [T, 4]: id, position, slot, page index; block_table
-        [R, W]: the pages of each request in the step (context chunks, then generation rows). Generation
-        inputs are read from the decoder state's ``last_token`` on the device; logits land in
-        ``logits_out`` (float32 whatever the model dtype, as Hugging Face samples)."""
+             logits_out: torch.Tensor, cache_indirection: torch.Tensor, max_beam: int) -> None:
+        """The engine's forward as one call. tokens [T, 4]: id, position, decoder row (slot * max_beam +
+        beam), page index; block_table [R, W]: the pages of each row in the step (context chunks, then
+        generation rows, a beam request's beams adjacent). Generation inputs are read from the decoder
+        state's ``last_token`` rows on the device; logits land in ``logits_out`` (float32 whatever the
+        model dtype, as Hugging Face samples). ``cache_indirection [S * max_beam, L]`` (empty without beam
+        search): for each beam row and position, which beam of the request wrote that position's key."""
         token_ids, positions = tokens[:, 0], tokens[:, 1]
         t = tokens.size(0)
         if t > num_ctx_tokens:
@@ -180,7 +182,15 @@ class LlamaModel(nn.Module):
         g = t - num_ctx_tokens
         kpos = torch.arange(gen_kmax, device=tokens.device)  # [K]
         rows = block_table[len(ctx_starts):len(ctx_starts) + g]  # [G, W]
-        gen_kv = (rows[:, kpos // tokens_per_block] * tokens_per_block + kpos % tokens_per_block).flatten()  # [G*K]
+        if cache_indirection.size(0) > 0 and g > 0:
+            # Each position is read from the beam that wrote it: the table row (this row - its beam + source).
+            decoder_rows = tokens[num_ctx_tokens:, 2]  # [G]
+            source = cache_indirection[:, :gen_kmax].index_select(0, decoder_rows)  # [G, K] beam per position
+            table_row = (torch.arange(g, device=tokens.device) - decoder_rows % max_beam).unsqueeze(1) + source
+            gen_kv = (rows[table_row, kpos // tokens_per_block] * tokens_per_block
+                      + kpos % tokens_per_block).flatten()  # [G*K]
+        else:
+            gen_kv = (rows[:, kpos // tokens_per_block] * tokens_per_block + kpos % tokens_per_block).flatten()  # [G*K]
         # Additive (0 / -inf) rather than boolean: SDPA's CPU kernel takes it measurably faster.
         hidden = (kpos.unsqueeze(0) > positions[num_ctx_tokens:].unsqueeze(1)).view(1, g, 1, gen_kmax)
         gen_mask = torch.zeros(hidden.shape, dtype=k_pools.dtype, device=tokens.device).masked_fill(hidden,

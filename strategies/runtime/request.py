@@ -33,6 +33,14 @@ class SamplingParams:
     seed: int = 0
     stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS, unless ignore_eos
     ignore_eos: bool = False
+    # Beam search (deterministic, Hugging Face's meanings): beams kept per request; the exponent of the
+    # generated length that divides a finished beam's log-probability; when a request stops (True: as
+    # soon as beam_width beams finished; False: once no running beam can beat the finished ones by HF's
+    # heuristic; "never": the exact criterion); how many of the best finished beams are returned.
+    beam_width: int = 1
+    length_penalty: float = 1.0
+    early_stopping: bool | str = False
+    num_return_sequences: int = 1
 
     def __post_init__(self) -> None:
         if not self.temperature >= 0:
@@ -45,6 +53,20 @@ class SamplingParams:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
+        if self.beam_width < 1:
+            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}")
+        if not 1 <= self.num_return_sequences <= self.beam_width:
+            raise ValueError(f"num_return_sequences must be in [1, beam_width={self.beam_width}], "
+                             f"got {self.num_return_sequences}")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
+        if self.beam_width > 1 and self.temperature > 0:
+            raise ValueError("beam search is deterministic here: temperature must be 0 with beam_width > 1")
+
+    @property
+    def early_stopping_code(self) -> int:
+        """The device's encoding of early_stopping: 0 False, 1 True, 2 "never"."""
+        return 2 if self.early_stopping == "never" else int(bool(self.early_stopping))
 
     @property
     def uses_filters(self) -> bool:
@@ -73,8 +95,15 @@ class Request:
     admitted_seq: int = -1  # admission order: max-utilization preempts the most recent first
     cached_tokens: int = 0  # prompt tokens read from the prefix cache at first admission, not computed
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks (block manager)
+    # Beam search's answer, best first: (generated tokens, length-penalised score) of each returned
+    # sequence; set when the request finishes. Until then a beam request's token buffer holds beam 0's
+    # token of each step, which later steps may reorder away: only the counts mean anything.
+    beams: list[tuple[list[int], float]] | None = None
+
+    width: int = field(init=False)  # decoder rows the request occupies: its beams (1 without beam search)
 
     def __post_init__(self) -> None:
+        self.width = self.sampling.beam_width  # a plain attribute: read per row in the scheduling hot path
         if self.prompt_token_ids is None:  # sized from the claim, allocated nothing: it is only rejected
             self._claimed = int(self.num_prompt_tokens or 0)
             self._tokens = np.zeros(0, dtype=np.int64)
@@ -98,6 +127,9 @@ class Request:
 
     @property
     def output_token_ids(self) -> list[int]:
+        """The generated tokens; for beam search the best returned sequence."""
+        if self.beams:
+            return list(self.beams[0][0])
         return self._tokens[self.prompt_len: self.prompt_len + self.num_output_tokens].tolist()
 
     @property
@@ -137,11 +169,16 @@ class Request:
         self.context_target = self.prompt_len + self.num_output_tokens
 
     def preempt(self) -> None:
-        """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume."""
+        """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume. A beam
+        request starts over: its beams' histories lived only in the decoder state it gave up (the search
+        is deterministic, so it ends the same; its token times are those of the final attempt)."""
         self.status = Status.WAITING
         self.slot = None
         self.num_computed_tokens = 0
         self.preemptions += 1
+        if self.width > 1:
+            self.num_output_tokens = 0
+            self.token_times_s.clear()
 
     def end(self, status: Status, reason: str) -> None:
         """Terminal status; the strategy releases the slot (static keeps it until its batch ends)."""

@@ -15,6 +15,7 @@ import torch
 
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.memory import DeviceMemory, Mirrored
+from strategies.runtime.request import Request
 
 ID, POSITION, SLOT, PAGE = range(4)  # columns of ``tokens``
 
@@ -42,14 +43,22 @@ class RuntimeBuffers:
         self.gen_kmax = 0
         self.table_shape = (0, 0)
 
-    def fill(self, batch: ScheduledBatch, table: np.ndarray) -> None:
-        """Write the batch into the host side; ``table`` is the block manager's per-slot block table.
-        Generation inputs stay on the device (the decoder state's last token)."""
+    def fill(self, batch: ScheduledBatch, tables: np.ndarray, order: list[Request]) -> None:
+        """Write the batch into the host side. ``tables [S, Kb, MB]``: the block manager's block tables
+        (one row per beam of each slot); ``order``: the requests in the step's output order. A beam
+        request's generation step is one token per beam, adjacent; a sampling context chunk feeds all
+        its beams' first rows. Generation inputs stay on the device (the decoder state's last tokens)."""
         if batch.num_tokens > self.max_tokens:
             raise ValueError(f"batch of {batch.num_tokens} tokens exceeds the buffers' {self.max_tokens}")
         tok, rows, tokens_per_block = self.tokens.np, self.rows.np, self.tokens_per_block
+        kb = tables.shape[1]
+        beams = kb > 1
         self.ctx_starts, self.ctx_lens, self.ctx_pos0 = [], [], []
-        slots: list[int] = []  # the block-table row of each request, in step order
+        slots: list[int] = []  # the block-table row (slot, beam) of each request row, in step order
+        beam_of: list[int] = []
+        # beams: id(request) → (packed index of its first sampled token, 0 if every beam samples that one
+        # token (a context chunk's last) else 1 (one token per beam))
+        sampled_at: dict[int, tuple[int, int]] = {}
         off = num_rows = width = 0
         for c in batch.context:
             r, n = c.request, c.length + c.padding
@@ -57,16 +66,21 @@ class RuntimeBuffers:
             tok[off:off + c.length, ID] = r.token_ids[c.start:c.start + c.length]
             tok[off + c.length:off + n, ID] = 0
             tok[off:off + n, POSITION] = pos
-            tok[off:off + n, SLOT] = r.slot
-            tok[off:off + n, PAGE] = table[r.slot, pos // tokens_per_block] * tokens_per_block + pos % tokens_per_block
+            tok[off:off + n, SLOT] = r.slot * kb
+            tok[off:off + n, PAGE] = tables[r.slot, 0, pos // tokens_per_block] * tokens_per_block \
+                + pos % tokens_per_block
             self.ctx_starts.append(off)
             self.ctx_lens.append(n)
             self.ctx_pos0.append(c.start)
             slots.append(r.slot)
+            beam_of.append(0)
             width = max(width, -(-(c.start + n) // tokens_per_block))
             if c.samples:
-                rows[num_rows] = off + c.length - 1
-                num_rows += 1
+                if beams:
+                    sampled_at[id(r)] = (off + c.length - 1, 0)
+                else:
+                    rows[num_rows] = off + c.length - 1
+                    num_rows += 1
             off += n
         self.num_ctx_tokens = off
         g = len(batch.generation)
@@ -74,19 +88,36 @@ class RuntimeBuffers:
         if g:
             gen_slots = np.fromiter((s.request.slot for s in batch.generation), np.int64, g)
             gen_pos = np.fromiter((s.position for s in batch.generation), np.int64, g)
+            gen_beam = np.zeros(g, np.int64)
+            if beams:  # one row per beam: repeat each request's slot and position, number its beams
+                widths = np.fromiter((s.request.width for s in batch.generation), np.int64, g)
+                first = np.cumsum(widths) - widths
+                for s, at in zip(batch.generation, first.tolist(), strict=True):
+                    sampled_at[id(s.request)] = (off + at, 1)
+                gen_slots, gen_pos = np.repeat(gen_slots, widths), np.repeat(gen_pos, widths)
+                gen_beam = np.arange(len(gen_slots)) - np.repeat(first, widths)
+                g = len(gen_slots)
             end = off + g
-            tok[off:end, ID] = 0  # replaced on the device by the slot's last sampled token
+            tok[off:end, ID] = 0  # replaced on the device by the beam row's last sampled token
             tok[off:end, POSITION] = gen_pos
-            tok[off:end, SLOT] = gen_slots
-            tok[off:end, PAGE] = table[gen_slots, gen_pos // tokens_per_block] * tokens_per_block \
+            tok[off:end, SLOT] = gen_slots * kb + gen_beam
+            tok[off:end, PAGE] = tables[gen_slots, gen_beam, gen_pos // tokens_per_block] * tokens_per_block \
                 + gen_pos % tokens_per_block
-            rows[num_rows:num_rows + g] = np.arange(off, end)
+            if not beams:
+                rows[num_rows:num_rows + g] = np.arange(off, end)
+                num_rows += g
             slots.extend(gen_slots.tolist())
+            beam_of.extend(gen_beam.tolist())
             kmax = int(gen_pos.max()) + 1
             width = max(width, -(-kmax // tokens_per_block))
-        self.num_tokens, self.num_samples, self.gen_kmax = off + g, num_rows + g, kmax
+        if beams:  # output rows in ``order``: a context sampler's row repeated per beam, a step's beams in turn
+            for r in order:
+                at, stride = sampled_at[id(r)]
+                rows[num_rows:num_rows + r.width] = at + stride * self._arange[:r.width]
+                num_rows += r.width
+        self.num_tokens, self.num_samples, self.gen_kmax = off + g, num_rows, kmax
         self.table_shape = (len(slots), width)
-        self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = table[slots, :width]
+        self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = tables[slots, beam_of, :width]
 
     def upload(self) -> None:
         """Issued on the device stream: the prefixes this step's fill wrote."""

@@ -1,8 +1,9 @@
 """Decoder step inputs and outputs: what one iteration's sampling reads and writes.
 
-Inputs: which slots the output rows belong to, the rows of newly admitted requests whose decoder state
-must be reset first, and whether any row needs top-k/top-p/min-p. Outputs: the sampled token and a
-finish code per row (``[B, 2]``, so that the rows a step used are one contiguous download). Valid for
+Inputs: which slots the outputs belong to, the rows of newly admitted requests whose decoder state
+must be reset first, whether any row needs top-k/top-p/min-p, and how the beam requests' rows group by
+width. Outputs: the sampled token and a finish code per request (``[R, 2]``, so that the outputs a step
+used are one contiguous download; a beam request's K rows report once). Valid for
 one iteration only, beside the persistent decoder state; a strategy may hold several sets at once
 (overlap fills n+1's while the device still writes n's).
 """
@@ -11,42 +12,65 @@ from __future__ import annotations
 
 import torch
 
-from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.memory import DeviceMemory, Mirrored
 from strategies.runtime.request import Request
 
-ADMIT_INTS = 5  # slot, tokens generated so far, max new tokens, seed, top_k; then the stop ids
+ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, early_stopping, prompt_len; stop ids
 
 
 class StepIO:
     def __init__(self, max_batch: int, max_stop_ids: int, memory: DeviceMemory) -> None:
         self.max_stop_ids = max_stop_ids
-        self.slots = Mirrored(memory, (max_batch,), torch.int64)  # [B] slot of each output row
-        self.admit = Mirrored(memory, (max_batch, ADMIT_INTS + max_stop_ids), torch.int64)  # [A, 5 + K]
-        self.admit_f = Mirrored(memory, (max_batch, 3), torch.float32)  # [A, 3] temperature, top_p, min_p
-        self.out = Mirrored(memory, (max_batch, 2), torch.int64)  # [B, 2] token, finish code (device → host)
-        self.rows: list[Request] = []  # the request of each output row, in order
+        self.slots = Mirrored(memory, (max_batch,), torch.int64)  # [R] slot of each request with an output
+        self.admit = Mirrored(memory, (max_batch, ADMIT_INTS + max_stop_ids), torch.int64)  # [A, 7 + M]
+        # [A, 4] temperature, top_p, min_p, length_penalty
+        self.admit_f = Mirrored(memory, (max_batch, 4), torch.float32)
+        # [R, 2] per request: its token (beam 0's for a beam request), finish code (device → host)
+        self.out = Mirrored(memory, (max_batch, 2), torch.int64)
+        self.rows: list[Request] = []  # the request of each output, in order
         self.num_admit = 0
+        self.num_single = 0  # leading outputs of one sampled row each; beam groups follow
+        # One beam-search call per width: (width, requests, candidate pool, generated-length bound, KV bound)
+        self.groups: list[tuple[int, int, int, int, int]] = []
         self.use_filters = False
         self.any_random = False
 
-    def fill(self, batch: ScheduledBatch, eos_token_id: int) -> None:
-        self.rows = batch.sampled_requests
+    def fill(self, order: list[Request], admitted: list[Request], eos_token_id: int) -> None:
+        """``order``: the requests in output order (``ScheduledBatch.sampled_requests``)."""
+        self.rows = order
         slots = self.slots.np
-        for i, r in enumerate(self.rows):
+        for i, r in enumerate(order):
             slots[i] = r.slot
-        self.num_admit = len(batch.admitted)
+        self.num_admit = len(admitted)
         ints, floats = self.admit.np, self.admit_f.np
-        for i, r in enumerate(batch.admitted):
+        for i, r in enumerate(admitted):
             s = r.sampling
-            stops = list(s.stop_token_ids) + ([] if s.ignore_eos else [eos_token_id])
+            stops = self._stops(r, eos_token_id)
             row = ints[i]
-            row[:ADMIT_INTS] = (r.slot, r.num_output_tokens, r.max_new_tokens, s.seed, s.top_k)
+            row[:ADMIT_INTS] = (r.slot, r.num_output_tokens, r.max_new_tokens, s.seed, s.top_k, s.early_stopping_code,
+                                r.prompt_len)
             row[ADMIT_INTS:] = -1
             row[ADMIT_INTS:ADMIT_INTS + len(stops)] = stops
-            floats[i] = (s.temperature, s.top_p, s.min_p)
-        self.use_filters = any(r.sampling.uses_filters for r in self.rows)
-        self.any_random = any(r.sampling.temperature > 0 for r in self.rows)
+            floats[i] = (s.temperature, s.top_p, s.min_p, s.length_penalty)
+        single = [r for r in order if r.width == 1] if len(order) and order[-1].width > 1 else order
+        self.num_single = len(single)
+        self.use_filters = any(r.sampling.uses_filters for r in single)
+        self.any_random = any(r.sampling.temperature > 0 for r in single)
+        self.groups = []
+        for r in order[self.num_single:]:
+            # HF keeps max(2, 1 + stop ids) x K candidates, so that K unfinished ones always remain.
+            pool = max(2, 1 + len(self._stops(r, eos_token_id))) * r.width
+            glen, kv_width = r.num_scheduled_samples, r.prompt_len + r.num_scheduled_samples
+            if self.groups and self.groups[-1][0] == r.width:
+                w, n, p, g, k = self.groups[-1]
+                self.groups[-1] = (w, n + 1, max(p, pool), max(g, glen), max(k, kv_width))
+            else:
+                self.groups.append((r.width, 1, pool, glen, kv_width))
+
+    @staticmethod
+    def _stops(r: Request, eos_token_id: int) -> list[int]:
+        s = r.sampling
+        return list(s.stop_token_ids) + ([] if s.ignore_eos else [eos_token_id])
 
     def upload(self) -> None:
         self.slots.upload(len(self.rows))

@@ -12,7 +12,7 @@ from contextlib import contextmanager
 import nvtx
 
 DOMAIN = "slotbench"
-PHASES = ("schedule", "prepare", "forward", "sample", "postprocess")
+PHASES = ("schedule", "prepare", "forward", "sample", "postprocess", "finalize")  # finalize: beam results read back
 
 
 class Nvtx:

@@ -50,19 +50,20 @@ class StaticStrategy(Strategy):
 
     def _form_batch(self, batch: ScheduledBatch) -> None:
         rows: list[tuple[Request, list[int]]] = []
-        longest = max_new = need = 0
-        while self.waiting and len(rows) < self.config.max_batch_size:
+        longest = max_new = need = width = 0
+        while self.waiting and width + self.waiting[0].width <= self.config.max_batch_size:  # a row per beam
             r = self.waiting[0]
             hits = self.kv.prefix_hit(r)
             grown = (max(longest, r.prompt_len), max(max_new, r.max_new_tokens))
             if grown != (longest, max_new):  # every row's reservation grows with the batch's extremes
-                need = sum(self.kv.admission_blocks(h, self._row_tokens(x, *grown)) for x, h in rows)
-            need += self.kv.admission_blocks(hits, self._row_tokens(r, *grown))
+                need = sum(self.kv.admission_blocks(h, self._row_tokens(x, *grown), x) for x, h in rows)
+            need += self.kv.admission_blocks(hits, self._row_tokens(r, *grown), r)
             if need > self.kv.free_blocks:
                 break
             self.waiting.popleft()
             rows.append((r, hits))
             longest, max_new = grown
+            width += r.width
         for r, hits in rows:
             self._admit(r, hits, self._row_tokens(r, longest, max_new))
             batch.admitted.append(r)

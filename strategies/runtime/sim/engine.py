@@ -26,7 +26,7 @@ class SimModel(torch.nn.Module):
     def step(self, tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
              ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int, tokens_per_block: int,
              sample_rows: torch.Tensor, last_token: torch.Tensor, k_pools: torch.Tensor, v_pools: torch.Tensor,
-             logits_out: torch.Tensor) -> None:
+             logits_out: torch.Tensor, cache_indirection: torch.Tensor, max_beam: int) -> None:
         token_ids, positions = tokens[:, 0], tokens[:, 1]
         if token_ids.size(0) > num_ctx_tokens:
             token_ids[num_ctx_tokens:] = last_token[tokens[num_ctx_tokens:, 2]]
