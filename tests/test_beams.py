@@ -8,6 +8,7 @@ over paged KV sums in another order than HF's, so a float32 logit can differ in 
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -142,3 +143,93 @@ def test_beam_request_limits_are_checked():
         SamplingParams(beam_width=2, early_stopping="sometimes")
     with pytest.raises(ValueError, match="beam width"):
         ExecutorConfig(max_batch_size=4, max_beam_width=8)
+
+
+def test_simulated_device_charges_a_row_per_beam():
+    """4 requests of 4 beams cost the simulated device what 16 greedy requests at the same positions
+    cost, step for step once decoding (the cost model sees rows, whoever owns them)."""
+    from harness.runner import build_requests
+    from harness.runner import run_strategy as run
+    from harness.traces.trace import TraceRequest
+    from strategies.config import SimConfig
+    from strategies.runtime.sim.engine import proxy_config
+    from strategies.runtime.sim.specs import MODEL_SPECS
+
+    def decode_steps(n: int, width: int):
+        cfg = ExecutorConfig(device="sim", sim=SimConfig(gpu="h200", model_spec="llama-3-8b"), max_batch_size=16,
+                             max_seq_len=512, max_num_tokens=8192, max_beam_width=width)
+        mcfg = proxy_config(MODEL_SPECS["llama-3-8b"])
+        reqs = build_requests([TraceRequest(0.0, 256, 32)] * n, SamplingParams(ignore_eos=True, beam_width=width),
+                              mcfg.vocab_size, 0)
+        result = run("inflight", mcfg, None, cfg, reqs)
+        assert result.error is None and all(r.status.value == "finished" for r in reqs)
+        return [(r.num_tokens, r.num_beam_rows, r.sample_end_s - r.forward_start_s) for r in result.records
+                if r.num_context_requests == 0]
+
+    beams, greedy = decode_steps(4, 4), decode_steps(16, 1)
+    assert len(beams) == len(greedy) == 31
+    assert all(tokens == 16 and rows == 16 for tokens, rows, _ in beams)
+    assert all(rows == 0 for _, rows, _ in greedy)
+    assert [t for *_, t in beams] == pytest.approx([t for *_, t in greedy], rel=1e-9)
+
+
+def slotbench(*args):
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ))
+
+
+TINY = ["--model", "tiny", "--max-batch-size", "16", "--max-seq-len", "64", "--warmup", "1", "--no-progress"]
+
+
+def test_cli_beams_from_flags_and_trace_lines(tmp_path):
+    """--beam-width/--num-return-sequences as defaults, a trace line's beam_width overriding them;
+    tokens.jsonl carries the best sequence and the returned beams, best first, the same sequences from
+    every strategy (scores may differ in float32's last bits: batch shapes change the logits' rounding)."""
+    trace = tmp_path / "t.jsonl"
+    lines = [{"arrival_s": 0.0, "input_tokens": 12, "output_tokens": 8},
+             {"arrival_s": 0.0, "input_tokens": 20, "output_tokens": 6, "beam_width": 1},
+             {"arrival_s": 0.01, "input_tokens": 9, "output_tokens": 8, "beam_width": 2, "length_penalty": 0.0},
+             {"arrival_s": 0.02, "input_tokens": 30, "output_tokens": 8, "early_stopping": "never"}]
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "run"
+    p = slotbench("run", *TINY, "--trace", str(trace), "--beam-width", "4", "--num-return-sequences", "2",
+                  "--strategies", "static,inflight,overlap", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    runs = {}
+    for s in ("static", "inflight", "overlap"):
+        rows = [json.loads(x) for x in (out / s / "tokens.jsonl").read_text().splitlines()]
+        runs[s] = [(x["tokens"], [b["tokens"] for b in x.get("beams", [])]) for x in rows]
+        beams = [x.get("beams") for x in rows]
+        assert [len(b) if b else 0 for b in beams] == [2, 0, 2, 2]
+        for x in rows:
+            if x.get("beams"):
+                assert x["tokens"] == x["beams"][0]["tokens"]
+                assert x["beams"][0]["score"] >= x["beams"][1]["score"]
+        it = pd.read_parquet(out / s / "iterations.parquet")
+        assert it["num_beam_rows"].max() >= 4
+    assert runs["static"] == runs["inflight"] == runs["overlap"]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--beam-width", "2", "--num-return-sequences", "3"], "num_return_sequences must be in [1, beam_width=2]"),
+    (["--beam-width", "2", "--temperature", "0.5"], "temperature must be 0 with beam_width > 1"),
+    (["--beam-width", "32"], "beam width must be in [1, --max-batch-size=16]"),
+    (["--beam-width", "2", "--early-stopping", "maybe"], "invalid choice"),
+])
+def test_cli_bad_beam_options_are_one_line_exit_2(tmp_path, args, message):
+    p = slotbench("run", *TINY, "--num-prompts", "2", "--input-len", "8", "--output-len", "4", "--out",
+                  str(tmp_path / "x"), *args)
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+def test_trace_line_with_bad_beam_fields_names_file_and_line(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2, "beam_width": 2}\n'
+                     '{"arrival_s": 1, "input_tokens": 5, "output_tokens": 2, "early_stopping": "maybe"}\n')
+    p = slotbench("run", *TINY, "--trace", str(trace), "--out", str(tmp_path / "x"))
+    assert p.returncode == 2 and f"{trace}:2: early_stopping: 'maybe'" in p.stderr, p.stderr

@@ -58,7 +58,7 @@ def beam_step(logits: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, widt
     parent = torch.div(top_idx, vocab, rounding_mode="floor")  # [R, P] beam each candidate extends
     tok = top_idx % vocab  # [R, P]
     seqs = seq[slots, :k, :glen]  # [R, K, glen] running beams' generated tokens
-    cand = torch.gather(seqs, 1, parent.unsqueeze(2).expand(r, pool, glen)).clone()  # [R, P, glen]
+    cand = torch.gather(seqs, 1, parent.unsqueeze(2).expand(r, pool, glen))  # [R, P, glen] (a new tensor)
     cand.scatter_(2, cur.view(r, 1, 1).expand(r, pool, 1), tok.unsqueeze(2))
     stops = stop_ids[slots]  # [R, M], -1 unused
     hits = (stops.unsqueeze(1) == tok.unsqueeze(2)).any(dim=2) | (cur + 1 >= max_new[slots]).unsqueeze(1)  # [R, P]
@@ -80,7 +80,8 @@ def beam_step(logits: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, widt
     done_lp = done_lp + (~just_done).to(torch.float32) * neg
     m_score = torch.cat((hyp_score[slots, :k], done_lp), dim=1)  # [R, K + P]
     keep = torch.topk(m_score, k)[1]  # [R, K]
-    m_seq = torch.cat((hyp_seq[slots, :k, :glen], cand), dim=1)  # [R, K + P, glen]
+    old_hyp = hyp_seq[slots, :k, :glen]  # [R, K, glen]
+    m_seq = torch.cat((old_hyp, cand), dim=1)  # [R, K + P, glen]
     new_hyp_seq = torch.gather(m_seq, 1, keep.unsqueeze(2).expand(r, k, glen))  # [R, K, glen]
     new_hyp_score = torch.gather(m_score, 1, keep)  # [R, K]
     new_hyp_len = torch.gather(torch.cat((hyp_len[slots, :k], (cur + 1).unsqueeze(1).expand(r, pool)), 1), 1, keep)
@@ -96,10 +97,10 @@ def beam_step(logits: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, widt
     done = ~(new_improvable & beams_open & ~hits.all(dim=1))  # [R]
 
     # Write back, leaving requests the device had already finished untouched.
-    a1, a2, a3 = active.view(r, 1), active.view(r, 1, 1), active.view(r, 1, 1)
+    a1, a3 = active.view(r, 1), active.view(r, 1, 1)
     scores[slots, :k] = torch.where(a1, new_scores, running)
     seq[slots, :k, :glen] = torch.where(a3, new_seq, seqs)
-    hyp_seq[slots, :k, :glen] = torch.where(a2, new_hyp_seq, hyp_seq[slots, :k, :glen])
+    hyp_seq[slots, :k, :glen] = torch.where(a3, new_hyp_seq, old_hyp)
     hyp_score[slots, :k] = torch.where(a1, new_hyp_score, hyp_score[slots, :k])
     hyp_len[slots, :k] = torch.where(a1, new_hyp_len, hyp_len[slots, :k])
     hyp_done[slots, :k] = torch.where(a1, new_hyp_done, hyp_done[slots, :k])

@@ -53,9 +53,9 @@ class RuntimeBuffers:
         tok, rows, tokens_per_block = self.tokens.np, self.rows.np, self.tokens_per_block
         kb = tables.shape[1]
         beams = kb > 1
+        table = tables.reshape(-1, tables.shape[2])  # [S * Kb, MB] a view: row slot * Kb + beam
         self.ctx_starts, self.ctx_lens, self.ctx_pos0 = [], [], []
-        slots: list[int] = []  # the block-table row (slot, beam) of each request row, in step order
-        beam_of: list[int] = []
+        slots: list[int] = []  # the table row (slot * Kb + beam) of each request row, in step order
         # beams: id(request) → (packed index of its first sampled token, 0 if every beam samples that one
         # token (a context chunk's last) else 1 (one token per beam))
         sampled_at: dict[int, tuple[int, int]] = {}
@@ -66,14 +66,13 @@ class RuntimeBuffers:
             tok[off:off + c.length, ID] = r.token_ids[c.start:c.start + c.length]
             tok[off + c.length:off + n, ID] = 0
             tok[off:off + n, POSITION] = pos
-            tok[off:off + n, SLOT] = r.slot * kb
-            tok[off:off + n, PAGE] = tables[r.slot, 0, pos // tokens_per_block] * tokens_per_block \
-                + pos % tokens_per_block
+            row0 = r.slot * kb
+            tok[off:off + n, SLOT] = row0
+            tok[off:off + n, PAGE] = table[row0, pos // tokens_per_block] * tokens_per_block + pos % tokens_per_block
             self.ctx_starts.append(off)
             self.ctx_lens.append(n)
             self.ctx_pos0.append(c.start)
-            slots.append(r.slot)
-            beam_of.append(0)
+            slots.append(row0)
             width = max(width, -(-(c.start + n) // tokens_per_block))
             if c.samples:
                 if beams:
@@ -88,26 +87,25 @@ class RuntimeBuffers:
         if g:
             gen_slots = np.fromiter((s.request.slot for s in batch.generation), np.int64, g)
             gen_pos = np.fromiter((s.position for s in batch.generation), np.int64, g)
-            gen_beam = np.zeros(g, np.int64)
             if beams:  # one row per beam: repeat each request's slot and position, number its beams
                 widths = np.fromiter((s.request.width for s in batch.generation), np.int64, g)
                 first = np.cumsum(widths) - widths
                 for s, at in zip(batch.generation, first.tolist(), strict=True):
                     sampled_at[id(s.request)] = (off + at, 1)
-                gen_slots, gen_pos = np.repeat(gen_slots, widths), np.repeat(gen_pos, widths)
-                gen_beam = np.arange(len(gen_slots)) - np.repeat(first, widths)
+                gen_beam = np.arange(widths.sum()) - np.repeat(first, widths)
+                gen_slots = np.repeat(gen_slots, widths) * kb + gen_beam  # table rows
+                gen_pos = np.repeat(gen_pos, widths)
                 g = len(gen_slots)
             end = off + g
             tok[off:end, ID] = 0  # replaced on the device by the beam row's last sampled token
             tok[off:end, POSITION] = gen_pos
-            tok[off:end, SLOT] = gen_slots * kb + gen_beam
-            tok[off:end, PAGE] = tables[gen_slots, gen_beam, gen_pos // tokens_per_block] * tokens_per_block \
+            tok[off:end, SLOT] = gen_slots
+            tok[off:end, PAGE] = table[gen_slots, gen_pos // tokens_per_block] * tokens_per_block \
                 + gen_pos % tokens_per_block
             if not beams:
                 rows[num_rows:num_rows + g] = np.arange(off, end)
                 num_rows += g
             slots.extend(gen_slots.tolist())
-            beam_of.extend(gen_beam.tolist())
             kmax = int(gen_pos.max()) + 1
             width = max(width, -(-kmax // tokens_per_block))
         if beams:  # output rows in ``order``: a context sampler's row repeated per beam, a step's beams in turn
@@ -117,7 +115,7 @@ class RuntimeBuffers:
                 num_rows += r.width
         self.num_tokens, self.num_samples, self.gen_kmax = off + g, num_rows, kmax
         self.table_shape = (len(slots), width)
-        self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = tables[slots, beam_of, :width]
+        self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = table[slots, :width]
 
     def upload(self) -> None:
         """Issued on the device stream: the prefixes this step's fill wrote."""

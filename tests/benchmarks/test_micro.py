@@ -84,7 +84,7 @@ def decode_step_s() -> float:
         batch = ScheduledBatch(0, generation=[GenerationStep(r, r.prompt_len + 30) for r in reqs])
         bufs, times = s.engine.buffer_sets[0], []
         for i in range(40):
-            s.engine.prepare(batch, bufs, s.kv.table)
+            s.engine.prepare(batch, bufs, s.kv.tables)
             work = s.engine.launch(i, bufs)
             s.stream.wait(work)
             if i >= 10:
@@ -193,8 +193,9 @@ def test_buffer_preparation(benchmark, rows, decode_step_s):
     batch = ScheduledBatch(0, generation=[GenerationStep(r, r.prompt_len) for r in reqs])
 
     def prepare():
-        rb.fill(batch, kv.table)
-        io.fill(batch, 2)
+        order = batch.sampled_requests
+        rb.fill(batch, kv.tables, order)
+        io.fill(order, batch.admitted, 2)
 
     t = measure(benchmark, prepare, rounds=50)
     assert t <= 0.05 * decode_step_s * max(1.0, rows / 32)

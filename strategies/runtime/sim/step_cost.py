@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from strategies.runtime.batch import BatchWork, ContextChunk, GenerationStep, ScheduledBatch
+
+_ROW = SimpleNamespace(width=1)  # stands for a request: the work counts only its rows (one, no beams)
 
 
 def _ints(text: str, flag: str, parts: int) -> list[int]:
@@ -23,10 +27,10 @@ def parse_pieces(decodes: list[str], prefills: list[str]) -> BatchWork:
     batch = ScheduledBatch(0)
     for text in prefills:
         n, *kv = _ints(text, "--prefill", 2)
-        batch.context.append(ContextChunk(None, kv[0] if kv else 0, n, True))  # type: ignore[arg-type]
+        batch.context.append(ContextChunk(_ROW, kv[0] if kv else 0, n, True))  # type: ignore[arg-type]
     for text in decodes:
         rows, *kv = _ints(text, "--decode", 2)
-        batch.generation += [GenerationStep(None, kv[0] if kv else 0) for _ in range(rows)]  # type: ignore[arg-type]
+        batch.generation += [GenerationStep(_ROW, kv[0] if kv else 0) for _ in range(rows)]  # type: ignore[arg-type]
     if not batch:
         raise ValueError("step-cost: give at least one --decode B:KV or --prefill N[:KV]")
     return batch.work()
