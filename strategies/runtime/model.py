@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.paged_attention import attention_indices, paged_attention
 
 
 class RMSNorm(nn.Module):
@@ -39,7 +40,6 @@ class Attention(nn.Module):
         self.num_heads = cfg.num_attention_heads
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = cfg.head_dim
-        self.group = cfg.num_attention_heads // cfg.num_key_value_heads
         h, kv = cfg.hidden_size, cfg.num_key_value_heads * cfg.head_dim
         self.q_proj = nn.Linear(h, h, bias=False)
         self.k_proj = nn.Linear(h, kv, bias=False)
@@ -56,39 +56,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
-        # Write this step's keys/values into their pages first: a token attends to itself too.
-        k_pool.index_copy_(1, kv_index, k.transpose(0, 1))  # k_pool: [Hkv, blocks * tokens_per_block, D]
-        v_pool.index_copy_(1, kv_index, v.transpose(0, 1))
-        out = torch.empty_like(q)  # [T, H, D]
-        for i in range(len(ctx_starts)):
-            s, n, p0 = ctx_starts[i], ctx_lens[i], ctx_pos0[i]
-            # 4-D views: the batched layout takes PyTorch's fused CPU kernel (2x the 3-D path's speed).
-            qi = q[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, H, n, D]
-            if p0 == 0:  # a whole prompt: its own keys are all it attends to, no page is read
-                ki = k[s:s + n].transpose(0, 1).unsqueeze(0)  # [1, Hkv, n, D]
-                vi = v[s:s + n].transpose(0, 1).unsqueeze(0)
-                oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, is_causal=True, enable_gqa=True)
-            else:  # a later chunk, or a prompt whose prefix was cached: read the pages, causal with an offset
-                ki = k_pool.index_select(1, ctx_kv[i]).unsqueeze(0)  # [1, Hkv, p0 + n, D]
-                vi = v_pool.index_select(1, ctx_kv[i]).unsqueeze(0)
-                qpos = torch.arange(p0, p0 + n, device=x.device).unsqueeze(1)  # [n, 1]
-                mask = torch.arange(p0 + n, device=x.device).unsqueeze(0) <= qpos  # [n, p0 + n]
-                oi = torch.nn.functional.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, enable_gqa=True)
-            out[s:s + n] = oi[0].transpose(0, 1)
-        if t > num_ctx_tokens:
-            out[num_ctx_tokens:] = self._generation(q[num_ctx_tokens:], k_pool, v_pool, gen_kv, gen_mask)
+        out = paged_attention(q, k, v, k_pool, v_pool, kv_index, ctx_starts, ctx_lens, ctx_pos0, ctx_kv, num_ctx_tokens,
+                              gen_kv, gen_mask)  # [T, H, D]
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
-
-    def _generation(self, q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, gen_kv: torch.Tensor,
-                    gen_mask: torch.Tensor) -> torch.Tensor:
-        """One query per request, batched: every request's pages are gathered (head-major, so the gather
-        is matmul-ready without a transpose copy) and positions past each request's own are masked."""
-        g, kmax = q.size(0), gen_mask.size(-1)
-        qh = q.view(g, self.num_kv_heads, self.group, self.head_dim).transpose(0, 1)  # [Hkv, G, grp, D]
-        keys = k_pool.index_select(1, gen_kv).view(self.num_kv_heads, g, kmax, self.head_dim)  # [Hkv, G, K, D]
-        values = v_pool.index_select(1, gen_kv).view(self.num_kv_heads, g, kmax, self.head_dim)
-        o = torch.nn.functional.scaled_dot_product_attention(qh, keys, values, attn_mask=gen_mask)  # [Hkv, G, grp, D]
-        return o.transpose(0, 1).reshape(g, self.num_heads, self.head_dim)
 
 
 class MLP(nn.Module):
@@ -117,11 +87,6 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, kv_index, ctx_starts, ctx_lens,
                                ctx_pos0, ctx_kv, num_ctx_tokens, gen_kv, gen_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-
-def page_index(table_row: torch.Tensor, positions: torch.Tensor, tokens_per_block: int) -> torch.Tensor:
-    """Flat page index of each position for one block-table row: block * tokens_per_block + offset."""
-    return table_row[positions // tokens_per_block] * tokens_per_block + positions % tokens_per_block
 
 
 class LlamaModel(nn.Module):
@@ -171,30 +136,9 @@ class LlamaModel(nn.Module):
         t = tokens.size(0)
         if t > num_ctx_tokens:
             token_ids[num_ctx_tokens:] = last_token[tokens[num_ctx_tokens:, 2]]
-        ctx_kv: list[torch.Tensor] = []
-        for i in range(len(ctx_starts)):
-            p0 = ctx_pos0[i]
-            if p0 > 0:
-                ctx_kv.append(page_index(block_table[i], torch.arange(p0 + ctx_lens[i], device=tokens.device),
-                                         tokens_per_block))
-            else:
-                ctx_kv.append(torch.empty(0, dtype=torch.long, device=tokens.device))
-        g = t - num_ctx_tokens
-        kpos = torch.arange(gen_kmax, device=tokens.device)  # [K]
-        rows = block_table[len(ctx_starts):len(ctx_starts) + g]  # [G, W]
-        if cache_indirection.size(0) > 0 and g > 0:
-            # Each position is read from the beam that wrote it: the table row (this row - its beam + source).
-            decoder_rows = tokens[num_ctx_tokens:, 2]  # [G]
-            source = cache_indirection[:, :gen_kmax].index_select(0, decoder_rows)  # [G, K] beam per position
-            table_row = (torch.arange(g, device=tokens.device) - decoder_rows % max_beam).unsqueeze(1) + source
-            gen_kv = (rows[table_row, kpos // tokens_per_block] * tokens_per_block
-                      + kpos % tokens_per_block).flatten()  # [G*K]
-        else:
-            gen_kv = (rows[:, kpos // tokens_per_block] * tokens_per_block + kpos % tokens_per_block).flatten()  # [G*K]
-        # Additive (0 / -inf) rather than boolean: SDPA's CPU kernel takes it measurably faster.
-        hidden = (kpos.unsqueeze(0) > positions[num_ctx_tokens:].unsqueeze(1)).view(1, g, 1, gen_kmax)
-        gen_mask = torch.zeros(hidden.shape, dtype=k_pools.dtype, device=tokens.device).masked_fill(hidden,
-                                                                                                   float("-inf"))
+        ctx_kv, gen_kv, gen_mask = attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
+                                                     num_ctx_tokens, gen_kmax, tokens_per_block, cache_indirection,
+                                                     max_beam, k_pools)
         logits = self.forward(token_ids, positions, tokens[:, 3], k_pools, v_pools, ctx_starts, ctx_lens, ctx_pos0,
                               ctx_kv, num_ctx_tokens, gen_kv, gen_mask, sample_rows)
         logits_out[: logits.size(0)].copy_(logits)

@@ -25,6 +25,7 @@ from strategies.runtime.engine import script_model
 from strategies.runtime.memory import DeviceMemory
 from strategies.runtime.model import Attention, build_model
 from strategies.runtime.model_config import PRESETS
+from strategies.runtime.paged_attention import generation_attention
 from strategies.runtime.request import Request, SamplingParams
 from strategies.runtime.runtime_buffers import RuntimeBuffers
 from strategies.runtime.sampler import sample
@@ -98,9 +99,9 @@ def decode_step_s() -> float:
 def _dense_generation(attn: Attention, q, k_cache, v_cache, slots, positions, kmax):
     """The pre-paging decode attention (kept here as the reference): per-slot KV [S, Hkv, seq, D] read
     in place for every slot, the rows that matter picked afterwards."""
-    g, num_slots = q.size(0), k_cache.size(0)
-    qg = q.view(g, attn.num_kv_heads, attn.group, attn.head_dim)
-    q_all = torch.zeros((num_slots, attn.num_kv_heads, attn.group, attn.head_dim), dtype=q.dtype)
+    g, num_slots, group = q.size(0), k_cache.size(0), attn.num_heads // attn.num_kv_heads
+    qg = q.view(g, attn.num_kv_heads, group, attn.head_dim)
+    q_all = torch.zeros((num_slots, attn.num_kv_heads, group, attn.head_dim), dtype=q.dtype)
     q_all[slots] = qg
     pos_all = torch.zeros(num_slots, dtype=positions.dtype)
     pos_all[slots] = positions
@@ -134,10 +135,10 @@ def test_decode_attention(benchmark, layout):
     slots = torch.arange(g)
     with torch.inference_mode():
         dense = _dense_generation(attn, q, dense_k, dense_v, slots, positions, kmax)
-        paged = attn._generation(q, pool_k, pool_v, gen_kv, gen_mask)
+        paged = generation_attention(q, pool_k, pool_v, gen_kv, gen_mask)
         torch.testing.assert_close(paged, dense, rtol=1e-4, atol=1e-5)  # the same attention
         both = {"dense": lambda: _dense_generation(attn, q, dense_k, dense_v, slots, positions, kmax),
-                "paged": lambda: attn._generation(q, pool_k, pool_v, gen_kv, gen_mask)}
+                "paged": lambda: generation_attention(q, pool_k, pool_v, gen_kv, gen_mask)}
         measure(benchmark, both[layout], rounds=60)
         paged_s, dense_s = interleaved(both["paged"], both["dense"], rounds=60)
     benchmark.extra_info["paged_over_dense"] = paged_s / dense_s
