@@ -45,7 +45,7 @@ from strategies.config import ExecutorConfig
 from strategies.runtime.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.engine import script_model
 from strategies.runtime.model import build_model
-from strategies.runtime.model_config import PRESETS
+from strategies.runtime.model_config import PRESETS, ModelConfig
 
 EXIT_FAULT, EXIT_INTERRUPTED = 1, 130
 
@@ -62,7 +62,8 @@ def make_trace(opts: RunOptions) -> Trace:
         trace = synthetic_trace(opts.num_prompts, opts.input_len, opts.output_len, request_rate=opts.request_rate,
                                 burstiness=opts.burstiness, length_dist=opts.length_dist,
                                 range_ratio=opts.range_ratio, output_range_ratio=opts.output_range_ratio,
-                                prefix_len=opts.prefix_len, num_prefixes=opts.num_prefixes, seed=opts.seed)
+                                prefix_len=opts.prefix_len, num_prefixes=opts.num_prefixes, seed=opts.seed,
+                                encoder_input_len=opts.encoder_input_len)
     else:
         trace = load_trace(opts.trace, opts.trace_format)
     fit = Fit(start_offset_s=opts.start_offset, limit=opts.limit, time_scale=opts.time_scale,
@@ -160,6 +161,21 @@ def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tok
     return row
 
 
+def _check_encoder_inputs(opts: RunOptions, model_cfg: ModelConfig, trace: Trace) -> None:
+    """An encoder–decoder model needs an encoder input on every request; a decoder-only one takes none."""
+    with_encoder = sum(1 for t in trace.requests if t.encoder_tokens)
+    if model_cfg.is_encoder_decoder:
+        if with_encoder < len(trace.requests):
+            raise UserError(f"--model {opts.model} is an encoder–decoder model: {len(trace.requests) - with_encoder} "
+                            "requests have no encoder input (--encoder-input-len, or encoder_prompt_token_ids / "
+                            "encoder_input_tokens on each trace line)")
+        if opts.prefix_caching:
+            raise UserError("--prefix-caching: an encoder–decoder model's decoder KV depends on the encoder input, "
+                            "which the block hashes do not cover")
+    elif with_encoder:
+        raise UserError(f"--model {opts.model} is decoder-only, but {with_encoder} requests have an encoder input")
+
+
 def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool = True, report: bool = True,
             fault: tuple[str, int] | None = None, log: Callable[[str], None] | None = None) -> RunOutcome:
     """Run every strategy of ``opts`` and write the run directory. ``fault`` = (strategy, iteration)
@@ -172,6 +188,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     if trace.skipped:
         log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
     model_cfg, model = load_model(opts)
+    _check_encoder_inputs(opts, model_cfg, trace)
     executor, sim_info = resolve_executor(opts)
     defaults = opts.sampling_defaults()
     # The decoder state and block tables hold as many beam rows per slot as the widest request needs.
@@ -181,7 +198,8 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
             executor = dataclasses.replace(executor, max_beam_width=widest)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16))
+    warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16),
+                         encoder_tokens=min(t.encoder_tokens, opts.max_seq_len // 2))
             for t in trace.requests[: opts.warmup]]
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))

@@ -113,17 +113,23 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
     rows = it["num_context_requests"] + it["num_generation_requests"]
     host = ((it["schedule_end_s"] - it["schedule_start_s"]) + (it["prepare_end_s"] - it["prepare_start_s"])
             + (it["postprocess_end_s"] - it["postprocess_start_s"]))
-    busy = (it["sample_end_s"] - it["forward_start_s"]).sum()
-    span = it["sample_end_s"].max() - it["forward_start_s"].min()
+    # the device's step starts with its encode piece where there is one (encoder–decoder models)
+    start = it["encode_start_s"].fillna(it["forward_start_s"]) if "encode_start_s" in it else it["forward_start_s"]
+    busy = (it["sample_end_s"] - start).sum()
+    span = it["sample_end_s"].max() - start.min()
     tokens = it["num_tokens"].sum()
-    return {
+    out = {
         "iterations": len(it),
         "mean_batch_size": float(rows.mean()),
         "slot_occupancy": float(it["active_slots"].mean() / max_batch_size),
         "padding_fraction": float(it["num_padding_tokens"].sum() / tokens) if tokens else 0.0,
         "device_busy_fraction": float(busy / span) if span > 0 else float("nan"),
         "host_ms_per_iteration": float(host.mean() * 1e3),
-        "device_ms_per_iteration": float((it["sample_end_s"] - it["forward_start_s"]).mean() * 1e3),
+        "device_ms_per_iteration": float((it["sample_end_s"] - start).mean() * 1e3),
         "preemptions": int(it["preemptions"].sum()),
         "kv_evictions": int(it["kv_evictions"].sum()) if "kv_evictions" in it else 0,
     }
+    if "encode_start_s" in it and it["encode_start_s"].notna().any():  # encoder–decoder models
+        encode = (it["encode_end_s"] - it["encode_start_s"]).dropna()
+        out["encode_ms_per_iteration"] = float(encode.sum() / len(it) * 1e3)
+    return out

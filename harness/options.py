@@ -51,7 +51,9 @@ class RunOptions:
     request_rate: float = _opt(math.inf, "synthetic: requests/s (inf: all at t=0)")
     burstiness: float = _opt(1.0, "synthetic: gamma shape of inter-arrivals (1.0 = Poisson)")
     max_concurrency: int | None = _opt(None, "at most this many requests in flight (closed loop with rate inf)")
-    input_len: int = _opt(128, "synthetic: mean input length")
+    input_len: int = _opt(128, "synthetic: mean input length (an encoder–decoder model's decoder prompt)")
+    encoder_input_len: int = _opt(0, "synthetic: mean encoder input length, with --input-len's range options "
+                                     "(encoder–decoder models; 0: none)")
     output_len: int = _opt(64, "synthetic: mean output length")
     prefix_len: int = _opt(0, "synthetic: a shared prefix of this many tokens before each prompt "
                               "(vllm bench serve --random-prefix-len)")
@@ -117,6 +119,8 @@ class RunOptions:
         for name in ("num_prompts", "input_len", "output_len", "num_prefixes"):
             if getattr(self, name) <= 0:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.encoder_input_len < 0:
+            raise UserError(f"--encoder-input-len must be >= 0, got {self.encoder_input_len}")
         if self.prefix_len < 0:
             raise UserError(f"--prefix-len must be >= 0, got {self.prefix_len}")
         if self.warmup < 0:

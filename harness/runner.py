@@ -58,8 +58,9 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
             sampling = replace(defaults, **overrides)
         except ValueError as exc:
             raise UserError(f"request {t.request_id or f'{prefix}{i}'}: {exc}") from None
+        encoder = prompts.encoder_prompt(t) if fits else None
         out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s,
-                           num_prompt_tokens=t.input_tokens))
+                           num_prompt_tokens=t.input_tokens, encoder_prompt_token_ids=encoder))
     return out
 
 

@@ -1,8 +1,9 @@
 """Iteration records as a Chrome Trace Event Format file (Perfetto, chrome://tracing).
 
 One process per strategy with two lanes: ``host`` (schedule, prepare, postprocess) and ``device``
-(forward, sample), one complete ("X") slice per phase, tagged with its iteration. Under overlap the
-host slices of step n+1 sit inside the device slices of step n; without it they alternate.
+(forward, sample, and before them encode in an encoder–decoder model's steps that admit), one complete
+("X") slice per phase, tagged with its iteration. Under overlap the host slices of step n+1 sit inside
+the device slices of step n; without it they alternate.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 import pandas as pd
 
 HOST_PHASES = ("schedule", "prepare", "postprocess")
-DEVICE_PHASES = ("forward", "sample")
+DEVICE_PHASES = ("encode", "forward", "sample")
 HOST_TID, DEVICE_TID = 1, 2
 
 

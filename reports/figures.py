@@ -149,14 +149,16 @@ def iteration_gantt(run: RunData) -> go.Figure:
     fig = make_subplots(rows=max(len(strategies), 1), cols=1, subplot_titles=strategies or ["(no iterations)"],
                         vertical_spacing=0.12)
     phase_colors = {"schedule": "#ff7f0e", "prepare": "#bcbd22", "postprocess": "#9467bd",
-                    "forward": "#1f77b4", "sample": "#17becf"}
+                    "encode": "#2ca02c", "forward": "#1f77b4", "sample": "#17becf"}
     for row, strategy in enumerate(strategies, start=1):
         it = run.iterations[strategy]
         mid = max(0, len(it) // 2 - GANTT_ITERATIONS // 2)
         window = it.iloc[mid: mid + GANTT_ITERATIONS]
         t0 = float(window["schedule_start_s"].min())
         for phase, color in phase_colors.items():
-            lane = "device" if phase in ("forward", "sample") else "host"
+            if f"{phase}_start_s" not in window:  # a run recorded before the phase existed
+                continue
+            lane = "device" if phase in ("encode", "forward", "sample") else "host"
             start = (window[f"{phase}_start_s"] - t0) * 1e3
             dur = (window[f"{phase}_end_s"] - window[f"{phase}_start_s"]) * 1e3
             ok = start.notna() & dur.notna()

@@ -95,6 +95,24 @@ class Executor(ABC):
             return f"at most {MAX_STOP_IDS - 1} stop token ids"
         if r.prompt_token_ids.min() < 0 or r.prompt_token_ids.max() >= cfg.vocab_size:
             return f"prompt token id outside the vocabulary [0, {cfg.vocab_size})"
+        return self._encoder_rejection(r)
+
+    def _encoder_rejection(self, r: Request) -> str | None:
+        c, cfg = self.config, self.model_cfg
+        if not cfg.is_encoder_decoder:
+            return "encoder input given to a decoder-only model" if r.encoder_len else None
+        if r.encoder_len == 0:
+            return "an encoder–decoder model needs encoder input"
+        if r.width > 1:
+            return "beam search with an encoder–decoder model is not supported"
+        if r.encoder_len > min(c.max_seq_len, c.max_num_tokens):
+            return (f"encoder input ({r.encoder_len}) exceeds max_seq_len / max_num_tokens "
+                    f"({min(c.max_seq_len, c.max_num_tokens)}): it is encoded in one step")
+        if -(-r.encoder_len // c.tokens_per_block) > c.total_cross_kv_blocks:
+            return f"needs more cross-attention KV blocks than the cache has ({c.total_cross_kv_blocks})"
+        ids = r.encoder_prompt_token_ids
+        if ids.min() < 0 or ids.max() >= cfg.vocab_size:
+            return f"encoder token id outside the vocabulary [0, {cfg.vocab_size})"
         return None
 
     def _reject(self, r: Request, reason: str) -> None:
@@ -123,10 +141,19 @@ class Strategy(Executor):
             self.stream, self.engine = sim_engine(model_cfg, c.sim, self.clock, self.nvtx, sizes)
         else:
             self.stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory)
-            self.engine = Engine(model_cfg, model, self.stream, **sizes)
+            if model_cfg.is_encoder_decoder:
+                from strategies.runtime.encdec_engine import EncoderDecoderEngine
+
+                self.engine = EncoderDecoderEngine(model_cfg, model, self.stream, cross_blocks=c.total_cross_kv_blocks,
+                                                   **sizes)
+            else:
+                self.engine = Engine(model_cfg, model, self.stream, **sizes)
         self.slots = SlotManager(c.max_batch_size)
         self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
                                c.prefix_caching, c.max_beam_width)
+        # Encoder–decoder models: the cross-attention KV's blocks, held from admission to the end
+        self.cross_kv = BlockManager(c.total_cross_kv_blocks, c.tokens_per_block, c.max_batch_size,
+                                     c.max_blocks_per_seq) if model_cfg.is_encoder_decoder else None
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
         self._admissions = 0
@@ -201,11 +228,15 @@ class Strategy(Executor):
         r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block)
         self._admissions += 1
         self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
+        if self.cross_kv is not None:
+            self.cross_kv.admit(slot, [], r.encoder_len)
         self.running.append(r)
 
     def _release(self, r: Request) -> None:
         if r.slot is not None:
             self.kv.release(r.slot, r)
+            if self.cross_kv is not None:
+                self.cross_kv.release(r.slot, r)
             self.slots.release(r.slot, r.request_id)
             r.slot = None
         if r in self.running:
@@ -251,10 +282,11 @@ class Strategy(Executor):
 
     def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
         with self._phase(rec, "prepare"):
-            self.engine.prepare(batch, bufs, self.kv.tables)
+            self.engine.prepare(batch, bufs, self.kv.tables, self.cross_kv.table if self.cross_kv else None)
         work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
         rec.num_samples = bufs.runtime.num_samples
+        rec.num_encoder_tokens = bufs.encoder.num_tokens if bufs.encoder is not None else 0
         w = bufs.work
         rec.kv_read_tokens, rec.attention_pairs = w.kv_read_tokens, w.attention_pairs
         rec.num_context_tokens = w.context_tokens

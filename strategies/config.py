@@ -21,6 +21,7 @@ class ExecutorConfig:
     kv_blocks: int | None = None  # None: enough for every slot at max_seq_len
     prefix_caching: bool = False  # reuse full KV blocks by content hash across requests
     kv_watermark: float = 0.01  # max-utilization: free-block fraction kept back while requests run (vLLM's)
+    cross_kv_blocks: int | None = None  # encoder–decoder: cross-attention KV blocks (None: as many as --kv-blocks)
     max_beam_width: int = 1  # beam rows per slot in the decoder state and block tables (TensorRT-LLM's maxBeamWidth)
     device: str = "cpu"
     device_memory: str | None = None  # shared | split; None: shared on CPU and sim, split on CUDA
@@ -36,8 +37,9 @@ class ExecutorConfig:
         if not 1 <= self.max_beam_width <= self.max_batch_size:
             raise ValueError(f"beam width must be in [1, --max-batch-size={self.max_batch_size}]: a request's "
                              f"beams are rows of one batch, got {self.max_beam_width}")
-        if self.kv_blocks is not None and self.kv_blocks <= 0:
-            raise ValueError(f"--kv-blocks must be positive, got {self.kv_blocks}")
+        for name in ("kv_blocks", "cross_kv_blocks"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         if self.capacity_policy not in CAPACITY_POLICIES:
             raise ValueError(f"--capacity-policy {self.capacity_policy!r}: expected one of "
                              f"{', '.join(CAPACITY_POLICIES)}")
@@ -73,6 +75,10 @@ class ExecutorConfig:
         if self.kv_blocks is not None:
             return self.kv_blocks
         return self.max_batch_size * self.max_blocks_per_seq
+
+    @property
+    def total_cross_kv_blocks(self) -> int:
+        return self.cross_kv_blocks if self.cross_kv_blocks is not None else self.total_kv_blocks
 
     def to_dict(self) -> dict:
         return asdict(self)

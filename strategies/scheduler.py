@@ -31,9 +31,10 @@ Preempt = Callable[[Request], None]
 
 
 class IterationScheduler:
-    def __init__(self, config: ExecutorConfig, kv: BlockManager) -> None:
+    def __init__(self, config: ExecutorConfig, kv: BlockManager, cross_kv: BlockManager | None = None) -> None:
         self.config = config
         self.kv = kv
+        self.cross_kv = cross_kv  # encoder–decoder models: cross-attention blocks, taken whole at admission
         self.guaranteed = config.capacity_policy == "guaranteed-no-evict"
         self.watermark = 0 if self.guaranteed else math.ceil(config.kv_watermark * kv.total_blocks)
 
@@ -80,9 +81,12 @@ class IterationScheduler:
                 break
             if r.pending_samples:  # preempted with a token still on the device: resume once it lands
                 break
+            enc = r.encoder_len  # encoded whole in the step that admits it, from the same budget
+            if enc and (enc >= budget or self.cross_kv.blocks_for(enc) > self.cross_kv.free_blocks):
+                break
             hits = self.kv.prefix_hit(r)
             todo = r.prompt_len + r.num_output_tokens - len(hits) * tpb
-            n = min(todo, budget)
+            n = min(todo, budget - enc)
             if n < todo and not self._may_chunk(r):
                 break
             reserve = r.prompt_len + r.max_new_tokens if self.guaranteed else len(hits) * tpb + n
@@ -94,7 +98,7 @@ class IterationScheduler:
             batch.admitted.append(r)
             free_slots -= 1
             rows += r.width
-            budget -= self._add(batch, r, n)
+            budget -= enc + self._add(batch, r, n)
         return batch
 
     def _may_chunk(self, r: Request) -> bool:

@@ -32,6 +32,14 @@ class PromptBuilder:
             self._blocks[key] = rng.integers(0, self.vocab_size, size=length, dtype=np.int64)
         return self._blocks[key]
 
+    def encoder_prompt(self, t: TraceRequest) -> np.ndarray | None:
+        """The encoder's input (encoder–decoder models), or None when the request has none."""
+        if t.encoder_prompt_token_ids is not None:
+            return np.asarray(t.encoder_prompt_token_ids, dtype=np.int64)
+        if not t.encoder_tokens:
+            return None
+        return self.rng.integers(0, self.vocab_size, size=t.encoder_tokens, dtype=np.int64)
+
     def prompt(self, t: TraceRequest) -> np.ndarray:
         if t.prompt_token_ids is not None:
             return np.asarray(t.prompt_token_ids, dtype=np.int64)

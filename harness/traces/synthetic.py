@@ -10,6 +10,7 @@ an optional shared prefix.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -55,10 +56,11 @@ def lengths(n: int, mean: int, dist: str, ratio: float, rng: np.random.Generator
 def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, request_rate: float = math.inf,
                     burstiness: float = 1.0, length_dist: str = "uniform", range_ratio: float = 0.0,
                     output_range_ratio: float | None = None, prefix_len: int = 0, num_prefixes: int = 1,
-                    seed: int = 0) -> Trace:
+                    seed: int = 0, encoder_input_len: int = 0) -> Trace:
     """``prefix_len`` > 0 opens every prompt with one of ``num_prefixes`` shared prefixes (drawn per
     request) before its ``input_len`` random tokens, as ``vllm bench serve --random-prefix-len`` and
-    SGLang's generated-shared-prefix dataset do."""
+    SGLang's generated-shared-prefix dataset do. ``encoder_input_len`` > 0 gives every request an encoder
+    input of that mean length (an encoder–decoder model's), drawn like the input lengths."""
     if num_prompts <= 0:
         raise UserError(f"--num-prompts must be positive, got {num_prompts}")
     rng = np.random.default_rng(seed)
@@ -74,4 +76,7 @@ def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, reques
                 for a, i, o, g in zip(t, n_in, n_out, groups, strict=True)]
     else:
         reqs = [TraceRequest(float(a), int(i), int(o)) for a, i, o in zip(t, n_in, n_out, strict=True)]
+    if encoder_input_len:  # drawn after the rest, so a trace without encoder inputs is unchanged
+        n_enc = lengths(num_prompts, encoder_input_len, length_dist, range_ratio, rng)
+        reqs = [replace(r, encoder_tokens=int(e)) for r, e in zip(reqs, n_enc, strict=True)]
     return Trace(tuple(reqs), source="synthetic", format="synthetic")

@@ -19,6 +19,10 @@ class TraceRequest:
     # these blocks, each ``prefix_block_len`` long, cut to input_tokens; random tokens fill any rest.
     prefix_ids: tuple[int, ...] | None = None
     prefix_block_len: int = 0
+    # Encoder–decoder models: the encoder's input length and, when given, its token ids (else seeded
+    # random); input_tokens / prompt_token_ids are then the decoder's prompt.
+    encoder_tokens: int = 0
+    encoder_prompt_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

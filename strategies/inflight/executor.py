@@ -18,7 +18,7 @@ class InflightStrategy(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.scheduler = IterationScheduler(self.config, self.kv)
+        self.scheduler = IterationScheduler(self.config, self.kv, self.cross_kv)
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         return self.scheduler.schedule(iteration, self.waiting, self.running, self.slots.num_free,

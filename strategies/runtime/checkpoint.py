@@ -1,4 +1,5 @@
-"""Load a local Hugging Face Llama checkpoint (``config.json`` + ``*.safetensors``). Never pickle."""
+"""Load a local Hugging Face checkpoint (``config.json`` + ``*.safetensors``): Llama-style decoders, and
+BART encoder–decoders. Never pickle."""
 
 from __future__ import annotations
 
@@ -13,15 +14,47 @@ from strategies.runtime.model_config import PRESETS, ModelConfig
 
 _DTYPES = ("float32", "float64", "bfloat16", "float16")
 _SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+_BART_ARCHS = {"BartForConditionalGeneration"}
+
+
+def _dtype_of(hf: dict, source: str, dtype: str | None) -> str:
+    if dtype is None:
+        dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32").removeprefix("torch.")
+        if dtype not in _DTYPES:
+            raise ValueError(f"{source}: torch_dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+    return dtype
+
+
+def _bart_config(hf: dict, source: str, dtype: str | None) -> ModelConfig:
+    """BartConfig → ModelConfig; the encoder's sizes must equal the decoder's, and HF's generation extras
+    slotbench does not apply (forced BOS/EOS, n-gram blocking) must be off."""
+    for enc, dec in (("encoder_attention_heads", "decoder_attention_heads"), ("encoder_ffn_dim", "decoder_ffn_dim")):
+        if hf.get(enc) != hf.get(dec):
+            raise ValueError(f"{source}: {enc} ({hf.get(enc)}) differs from {dec} ({hf.get(dec)})")
+    if hf.get("activation_function", "gelu") != "gelu" or hf.get("add_final_layer_norm") or hf.get("normalize_before"):
+        raise ValueError(f"{source}: only BART's own layout is supported (gelu, post-LayerNorm)")
+    for key in ("forced_eos_token_id", "forced_bos_token_id", "no_repeat_ngram_size"):
+        if hf.get(key):
+            raise ValueError(f"{source}: {key}={hf[key]!r} (a generation rule slotbench does not apply)")
+    heads = hf["decoder_attention_heads"]
+    return ModelConfig(
+        vocab_size=hf["vocab_size"], hidden_size=hf["d_model"], num_hidden_layers=hf["decoder_layers"],
+        num_attention_heads=heads, num_key_value_heads=heads, intermediate_size=hf["decoder_ffn_dim"],
+        max_position_embeddings=hf.get("max_position_embeddings", 1024), tie_word_embeddings=True,
+        eos_token_id=int(hf.get("eos_token_id", 2)), dtype=_dtype_of(hf, source, dtype), architecture="bart",
+        encoder_layers=hf["encoder_layers"], decoder_start_token_id=int(hf.get("decoder_start_token_id", 2)),
+        scale_embedding=bool(hf.get("scale_embedding", False)))
 
 
 def config_from_hf(hf: dict, source: str = "config.json", dtype: str | None = None) -> ModelConfig:
     """Map a Hugging Face LlamaConfig dict to ModelConfig, refusing what the model cannot represent. The
     dtype is the checkpoint's ``torch_dtype`` (``dtype`` in newer configs) unless one is given."""
     archs = set(hf.get("architectures") or ["LlamaForCausalLM"])
+    if archs & _BART_ARCHS or hf.get("model_type") == "bart":
+        return _bart_config(hf, source, dtype)
     if not archs & _SUPPORTED_ARCHS:
         raise ValueError(f"{source}: architecture {sorted(archs)} is not Llama-style "
-                         f"(supported: {', '.join(sorted(_SUPPORTED_ARCHS))})")
+                         f"(supported: {', '.join(sorted(_SUPPORTED_ARCHS | _BART_ARCHS))})")
     if hf.get("rope_scaling"):
         raise ValueError(f"{source}: rope_scaling {hf['rope_scaling']!r} is not supported")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
@@ -30,10 +63,7 @@ def config_from_hf(hf: dict, source: str = "config.json", dtype: str | None = No
     if isinstance(eos, list):
         eos = eos[0]
     heads = hf["num_attention_heads"]
-    if dtype is None:
-        dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32").removeprefix("torch.")
-        if dtype not in _DTYPES:
-            raise ValueError(f"{source}: torch_dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+    dtype = _dtype_of(hf, source, dtype)
     return ModelConfig(
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads,
@@ -57,7 +87,7 @@ def resolve_model_config(name_or_path: str) -> ModelConfig:
     return config_from_hf(json.loads((path / "config.json").read_text()), source=str(path))
 
 
-def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu") -> LlamaModel:
+def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu") -> torch.nn.Module:
     """Weights from every ``*.safetensors`` file in ``path``; names as Hugging Face saves them."""
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
@@ -67,6 +97,8 @@ def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | s
     for f in files:
         state.update(load_file(str(f)))
     state = {k.removeprefix("model."): v for k, v in state.items()}
+    if cfg.is_encoder_decoder:
+        return _load_bart(path, cfg, state, device)
     if "lm_head.weight" not in state:
         if not cfg.tie_word_embeddings:
             raise ValueError(f"{path}: lm_head.weight missing and tie_word_embeddings is false")
@@ -74,6 +106,23 @@ def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | s
     model = LlamaModel(cfg)
     missing, unexpected = model.load_state_dict(state, strict=False)
     unexpected = [k for k in unexpected if not k.endswith("rotary_emb.inv_freq")]
+    if missing or unexpected:
+        raise ValueError(f"{path}: checkpoint does not match the config "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model.to(device=device, dtype=cfg.torch_dtype).eval().requires_grad_(False)
+
+
+def _load_bart(path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor],
+               device: torch.device | str) -> torch.nn.Module:
+    from strategies.runtime.bart import BartModel
+
+    for tied in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
+        state.pop(tied, None)  # all three are ``shared``
+    state["lm_head.weight"] = state["shared.weight"]
+    if "final_logits_bias" not in state:
+        state["final_logits_bias"] = torch.zeros(1, cfg.vocab_size)
+    model = BartModel(cfg)
+    missing, unexpected = model.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(f"{path}: checkpoint does not match the config "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]})")

@@ -17,6 +17,7 @@ import torch
 from strategies.runtime.batch import BatchWork, ScheduledBatch
 from strategies.runtime.decoder_state import DecoderState
 from strategies.runtime.device import DeviceStream, DeviceWork
+from strategies.runtime.encoder_buffers import EncoderBuffers
 from strategies.runtime.kv_cache import KVCachePool
 from strategies.runtime.memory import Mirrored
 from strategies.runtime.model import LlamaModel
@@ -35,6 +36,7 @@ class BufferSet:
         self.index = index
         self.runtime = runtime
         self.step = step
+        self.encoder: EncoderBuffers | None = None  # encoder–decoder models: encoder and cross-attention inputs
         self.work: BatchWork | None = None  # the batch's size in cost-model units (records, simulated device)
 
 
@@ -82,9 +84,10 @@ class Engine:
     def kv_bytes(self) -> int:
         return self.kv.nbytes if self.kv is not None else 0
 
-    def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray) -> None:
+    def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
+                cross_table: np.ndarray | None = None) -> None:
         """Host side: write the batch into the set's staging buffers (``block_table [S, Kb, MB]``: per
-        slot and beam)."""
+        slot and beam; ``cross_table [S, MB]``: encoder–decoder models' cross-attention blocks)."""
         order = batch.sampled_requests
         bufs.runtime.fill(batch, block_table, order)
         bufs.step.fill(order, batch.admitted, self.cfg.eos_token_id)
@@ -134,6 +137,10 @@ class Engine:
         if io.num_admit:
             a = io.admit.dev[:io.num_admit]
             self.state.admit(a[:, 0], a[:, 1:], io.admit_f.dev[:io.num_admit])
+        self._step_model(bufs)
+
+    def _step_model(self, bufs: BufferSet) -> None:
+        rb = bufs.runtime
         # Generation inputs come from the decoder state on the device, never from the host.
         self.model.step(rb.tokens.dev[:rb.num_tokens], rb.device_block_table(), rb.ctx_starts, rb.ctx_lens,
                         rb.ctx_pos0, rb.num_ctx_tokens, rb.gen_kmax, self.tokens_per_block,

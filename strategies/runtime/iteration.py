@@ -17,7 +17,9 @@ class IterationRecord:
     prepare_end_s: float = NAN
     postprocess_start_s: float = NAN
     postprocess_end_s: float = NAN
-    # Device phases, as the device stream timed them.
+    # Device phases, as the device stream timed them (encode: encoder–decoder models, steps that admit).
+    encode_start_s: float = NAN
+    encode_end_s: float = NAN
     forward_start_s: float = NAN
     forward_end_s: float = NAN
     sample_start_s: float = NAN
@@ -34,6 +36,7 @@ class IterationRecord:
     num_samples: int = 0  # rows sampled (logit rows: one per beam of a beam request), before discards
     kv_read_tokens: int = 0  # KV entries attention reads (each request's whole context)
     attention_pairs: int = 0  # (query, key) pairs scored by attention
+    num_encoder_tokens: int = 0  # encoder input tokens run by this step's encode piece
     num_context_tokens: int = 0  # tokens of context chunks (padding included); the rest are generation rows
     context_kv_read_tokens: int = 0  # the context chunks' share of kv_read_tokens
     context_attention_pairs: int = 0  # the context chunks' share of attention_pairs

@@ -144,8 +144,12 @@ class LlamaModel(nn.Module):
         logits_out[: logits.size(0)].copy_(logits)
 
 
-def build_model(cfg: ModelConfig, device: torch.device | str = "cpu") -> LlamaModel:
+def build_model(cfg: ModelConfig, device: torch.device | str = "cpu") -> nn.Module:
     """A model with seeded random weights (no hub access): the same config and seed give the same model."""
+    if cfg.is_encoder_decoder:
+        from strategies.runtime.bart import build_bart
+
+        return build_bart(cfg).to(device=device, dtype=cfg.torch_dtype).eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(cfg.seed)
     model = LlamaModel(cfg)
     with torch.no_grad():

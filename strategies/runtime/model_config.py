@@ -1,4 +1,4 @@
-"""The shapes of a Llama-style model, and the presets built from a seed."""
+"""The shapes of a model (Llama-style decoder, or BART encoder–decoder), and the presets built from a seed."""
 
 from __future__ import annotations
 
@@ -10,9 +10,14 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch
            "float16": torch.float16}
 
 
+ARCHITECTURES = ("llama", "bart")
+
+
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shapes of a Llama-style model; field names follow Hugging Face's LlamaConfig."""
+    """Shapes of a model; field names follow Hugging Face's LlamaConfig. For BART (an encoder–decoder),
+    hidden_size is d_model and the layer, head and FFN sizes are the decoder's; the encoder has
+    ``encoder_layers`` layers of the same width (BartConfig's encoder_* sizes must equal the decoder's)."""
 
     vocab_size: int
     hidden_size: int
@@ -27,6 +32,11 @@ class ModelConfig:
     eos_token_id: int = 2
     dtype: str = "float32"
     seed: int = 0  # seeds the random weights of a preset; unused for a loaded checkpoint
+    architecture: str = "llama"  # llama (decoder-only, RoPE, RMSNorm) | bart (encoder–decoder, learned positions)
+    encoder_layers: int = 0  # bart: encoder layers
+    decoder_start_token_id: int = 2  # bart: the decoder's first input when a request gives no decoder prompt
+    scale_embedding: bool = False  # bart: embeddings scaled by sqrt(d_model)
+    layer_norm_eps: float = 1e-5  # bart's LayerNorms
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -37,12 +47,20 @@ class ModelConfig:
             raise ValueError("model config: hidden_size must be a multiple of num_attention_heads")
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError("model config: num_attention_heads must be a multiple of num_key_value_heads")
-        if self.head_dim % 2:
+        if self.architecture not in ARCHITECTURES:
+            raise ValueError(f"model config: architecture must be one of {ARCHITECTURES}, got {self.architecture!r}")
+        if self.architecture == "llama" and self.head_dim % 2:
             raise ValueError("model config: head_dim must be even for RoPE")
+        if self.is_encoder_decoder and self.encoder_layers <= 0:
+            raise ValueError("model config: an encoder–decoder model needs encoder_layers > 0")
         if self.dtype not in _DTYPES:
             raise ValueError(f"model config: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if not 0 <= self.eos_token_id < self.vocab_size:
             raise ValueError("model config: eos_token_id must be inside the vocabulary")
+
+    @property
+    def is_encoder_decoder(self) -> bool:
+        return self.architecture == "bart"
 
     @property
     def head_dim(self) -> int:
@@ -56,6 +74,11 @@ class ModelConfig:
     def num_parameters(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         kv = self.num_key_value_heads * self.head_dim
+        if self.is_encoder_decoder:  # biases, LayerNorms, learned positions; tied embeddings
+            attn, ffn = 4 * h * h + 4 * h, 2 * h * i + i + h
+            enc, dec = attn + ffn + 4 * h, 2 * attn + ffn + 6 * h
+            positions = 2 * (self.max_position_embeddings + 2) * h
+            return v * h + v + positions + 4 * h + self.encoder_layers * enc + self.num_hidden_layers * dec
         per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + h
 
@@ -78,4 +101,8 @@ PRESETS: dict[str, ModelConfig] = {
     # For benchmarks: large enough that the device step dominates a host step on CPU.
     "small": ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
                          num_key_value_heads=2, intermediate_size=688, max_position_embeddings=2048),
+    # An encoder–decoder (BART-shaped) for the encoder buffers and cross-attention KV.
+    "tiny-bart": ModelConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                             num_key_value_heads=4, intermediate_size=128, max_position_embeddings=1024,
+                             architecture="bart", encoder_layers=2, tie_word_embeddings=True),
 }

@@ -81,6 +81,8 @@ class Request:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     arrival_s: float = 0.0  # when the client sent it, seconds since run start
     num_prompt_tokens: int | None = None  # the claimed prompt length when prompt_token_ids is None
+    # Encoder–decoder models: the encoder's input (int64 [encoder_len]); the prompt is then the decoder's
+    encoder_prompt_token_ids: np.ndarray | None = None
 
     status: Status = Status.WAITING
     slot: int | None = None
@@ -115,6 +117,10 @@ class Request:
         self._tokens = np.zeros(len(prompt) + max(self.max_new_tokens, 0), dtype=np.int64)
         self._tokens[: len(prompt)] = prompt
         self.prompt_token_ids = self._tokens[: len(prompt)]
+
+    @property
+    def encoder_len(self) -> int:
+        return 0 if self.encoder_prompt_token_ids is None else len(self.encoder_prompt_token_ids)
 
     @property
     def prompt_len(self) -> int:

@@ -12,7 +12,8 @@ from contextlib import contextmanager
 import nvtx
 
 DOMAIN = "slotbench"
-PHASES = ("schedule", "prepare", "forward", "sample", "postprocess", "finalize")  # finalize: beam results read back
+# encode: an encoder–decoder model's encoder piece; finalize: finished beams' hypotheses read back
+PHASES = ("schedule", "prepare", "encode", "forward", "sample", "postprocess", "finalize")
 
 
 class Nvtx:

@@ -24,6 +24,7 @@ class StaticStrategy(Strategy):
         self.batch: list[Request] = []
         self._to_prefill: deque[Request] = deque()
         self._longest = 0  # the batch's padded prompt length
+        self._encoder_tokens = 0  # the batch's encoder inputs, run in its first forward
 
     def max_tokens_per_step(self) -> int:
         return max(self.config.max_num_tokens, self.config.max_batch_size)
@@ -50,9 +51,13 @@ class StaticStrategy(Strategy):
 
     def _form_batch(self, batch: ScheduledBatch) -> None:
         rows: list[tuple[Request, list[int]]] = []
-        longest = max_new = need = width = 0
+        longest = max_new = need = width = enc = cross = 0
         while self.waiting and width + self.waiting[0].width <= self.config.max_batch_size:  # a row per beam
             r = self.waiting[0]
+            # Encoder inputs all run in the first forward, with at least the first padded prompt.
+            if r.encoder_len and (enc + r.encoder_len + max(longest, r.prompt_len) > self.config.max_num_tokens
+                                  or cross + self.cross_kv.blocks_for(r.encoder_len) > self.cross_kv.free_blocks):
+                break
             hits = self.kv.prefix_hit(r)
             grown = (max(longest, r.prompt_len), max(max_new, r.max_new_tokens))
             if grown != (longest, max_new):  # every row's reservation grows with the batch's extremes
@@ -64,15 +69,18 @@ class StaticStrategy(Strategy):
             rows.append((r, hits))
             longest, max_new = grown
             width += r.width
+            enc += r.encoder_len
+            cross += self.cross_kv.blocks_for(r.encoder_len) if r.encoder_len else 0
         for r, hits in rows:
             self._admit(r, hits, self._row_tokens(r, longest, max_new))
             batch.admitted.append(r)
         self.batch = [r for r, _ in rows]
         self._to_prefill = deque(self.batch)
         self._longest = longest
+        self._encoder_tokens = enc
 
     def _prefill(self, batch: ScheduledBatch) -> None:
-        budget = self.config.max_num_tokens
+        budget = self.config.max_num_tokens - (self._encoder_tokens if batch.admitted else 0)
         while self._to_prefill:
             r = self._to_prefill[0]
             n = self._longest - r.num_computed_tokens  # from the cached prefix to the padded end
