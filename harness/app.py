@@ -104,6 +104,10 @@ def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
     except ValueError as exc:
         raise UserError(str(exc)) from None
     capacity = cost.kv_capacity_tokens()
+    if cost.spec.is_encoder_decoder:  # cross-attention KV takes the same bytes per token: split the memory
+        capacity //= 2
+        if executor.cross_kv_blocks is None:
+            executor = dataclasses.replace(executor, cross_kv_blocks=max(1, capacity // executor.tokens_per_block))
     if executor.kv_blocks is None:
         blocks = capacity // executor.tokens_per_block
         if blocks <= 0:
@@ -111,7 +115,8 @@ def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
                             f"weights {cost.weight_bytes / 1e9:.0f} GB leave no room for KV (try a larger --tp)")
         executor = dataclasses.replace(executor, kv_blocks=blocks)
     info = {"kv_capacity_tokens": capacity, "weight_bytes": cost.weight_bytes,
-            "kv_bytes": executor.total_kv_blocks * executor.tokens_per_block * cost.kv_bytes_per_token,
+            "kv_bytes": (executor.total_kv_blocks + (executor.total_cross_kv_blocks if cost.spec.is_encoder_decoder
+                                                     else 0)) * executor.tokens_per_block * cost.kv_bytes_per_token,
             "kv_bytes_per_token": cost.kv_bytes_per_token, "profile": dataclasses.asdict(cost.profile)}
     return executor, info
 

@@ -181,3 +181,42 @@ def test_synthetic_encoder_inputs_on_the_preset(tmp_path):
     assert (req["status"] == "finished").all()
     tokens = {s: (out / s / "tokens.jsonl").read_text() for s in ("static", "inflight", "overlap")}
     assert tokens["static"].count("\n") == 12
+
+
+def test_simulated_device_charges_the_encoder_and_cross_attention():
+    """bart-large on a simulated H100: the encode piece is at least its GEMMs' FLOPs at the datasheet peak
+    (2 x tokens x (4h² + 2hi) per encoder layer, from the published shapes), grows with the encoder input,
+    and longer encoder inputs make decode steps read more cross KV."""
+    from harness.runner import build_requests
+    from harness.runner import run_strategy as run
+    from harness.traces.trace import TraceRequest
+    from strategies.config import SimConfig
+    from strategies.runtime.sim.engine import proxy_config
+    from strategies.runtime.sim.specs import GPUS, MODEL_SPECS
+
+    spec = MODEL_SPECS["bart-large"]
+    h, i = spec.hidden_size, spec.intermediate_size
+
+    def records(encoder_len: int):
+        cfg = ExecutorConfig(device="sim", sim=SimConfig(gpu="h100", model_spec="bart-large"), max_batch_size=8,
+                             max_seq_len=1024, max_num_tokens=8192)
+        mcfg = proxy_config(spec)
+        reqs = build_requests([TraceRequest(0.0, 4, 32, encoder_tokens=encoder_len)] * 8,
+                              SamplingParams(ignore_eos=True), mcfg.vocab_size, 0)
+        result = run("inflight", mcfg, None, cfg, reqs)
+        assert result.error is None and all(r.num_output_tokens == 32 for r in reqs)
+        return result.records
+
+    short, long = records(64), records(768)
+    for recs in (short, long):
+        encoding = [r for r in recs if r.num_encoder_tokens]
+        assert sum(r.num_encoder_tokens for r in encoding) == 8 * (64 if recs is short else 768)
+        for r in encoding:
+            floor = 2 * r.num_encoder_tokens * (4 * h * h + 2 * h * i) * spec.encoder_layers / GPUS["h100"].peak_flops
+            assert floor <= r.encode_end_s - r.encode_start_s
+    encode = [sum(r.encode_end_s - r.encode_start_s for r in recs if r.num_encoder_tokens) for recs in (short, long)]
+    assert encode[1] > 4 * encode[0]
+
+    def decode_ms(recs):
+        return np.mean([r.sample_end_s - r.forward_start_s for r in recs if not r.num_context_requests]) * 1e3
+    assert decode_ms(long) > decode_ms(short)

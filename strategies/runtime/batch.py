@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from strategies.runtime.request import Request
 
@@ -35,6 +35,12 @@ class BatchWork:
     context_tokens: int = 0
     context_kv_read_tokens: int = 0
     context_attention_pairs: int = 0
+    # Encoder–decoder models: the encode piece's tokens and (non-causal) pairs; the cross-attention KV the
+    # decoder's tokens read (a chunk reads its request's encoder output once, a row too) and their pairs.
+    encoder_tokens: int = 0
+    encoder_attention_pairs: int = 0
+    cross_kv_read_tokens: int = 0
+    cross_attention_pairs: int = 0
 
 
 @dataclass(slots=True)
@@ -106,8 +112,24 @@ class ScheduledBatch:
             kv += w * (g.position + 1)
             pairs += w * (g.position + 1)
         samples = sum(c.request.width for c in self.context if c.samples) + rows
-        return BatchWork(self.num_context_tokens + rows, samples, kv, pairs, self.num_context_tokens, ctx_kv,
+        work = BatchWork(self.num_context_tokens + rows, samples, kv, pairs, self.num_context_tokens, ctx_kv,
                          ctx_pairs)
+        first = (self.context or self.generation)[0].request if self else None
+        return self._encoder_work(work) if first is not None and first.encoder_len else work
+
+    def _encoder_work(self, work: BatchWork) -> BatchWork:
+        enc = [r.encoder_len for r in self.admitted]
+        cross = pairs = 0
+        for c in self.context:
+            e = c.request.encoder_len
+            cross += e
+            pairs += (c.length + c.padding) * e
+        for g in self.generation:
+            e = g.request.encoder_len
+            cross += e
+            pairs += e
+        return replace(work, encoder_tokens=sum(enc), encoder_attention_pairs=sum(e * e for e in enc),
+                       cross_kv_read_tokens=cross, cross_attention_pairs=pairs)
 
     def __bool__(self) -> bool:
         return bool(self.context or self.generation)

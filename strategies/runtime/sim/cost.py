@@ -15,6 +15,13 @@ would let decode attention's memory traffic hide behind the GEMMs' FLOPs, which 
 - ``communication``: tensor parallelism's two all-reduces per layer, latency plus ring traffic.
 - ``overhead``: per step and per sampled row (launches, synchronisation; what a CPU's small GEMMs lose).
 
+Encoder–decoder models (a BART-shaped spec): an ``encoder`` phase prices the encode piece (its layers'
+GEMMs, non-causal attention and element-wise kernels over the admitted requests' encoder tokens); the
+decoder's layers have BART's six GEMMs, project newly encoded requests into cross-attention K/V
+(``linear``), and read cross KV (``attention``: a chunk or a row reads its request's encoder output).
+BART's element-wise kernels are priced with the table below (LayerNorms for RMSNorms; no RoPE, one more
+norm and add): a stated approximation, unchecked against measured kernels.
+
 Tensor parallelism shards the GEMMs, attention heads, LM head, KV, RoPE and the activation; norms, adds
 and the embedding gather run whole on every rank. The dtype is the spec's (a config.json's
 ``torch_dtype``, or ``--dtype``). A device profile holds the efficiencies and latencies: datasheet
@@ -52,6 +59,11 @@ ELEMENTWISE = {
     "mlp_act": (lambda h, q, kv, i: 3 * i, True, 1),
     "add": (lambda h, q, kv, i: 3 * h, False, 2),  # the two residual adds
 }
+# BART: a decoder layer's GEMMs (self-attention QKV and output, cross-attention query and output, FFN),
+# an encoder layer's, and the cross K/V projection of encoder outputs (per decoder layer).
+BART_DECODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i: (h, h), lambda h, i: (h, h),
+                      lambda h, i: (h, i), lambda h, i: (i, h))
+BART_ENCODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i: (h, i), lambda h, i: (i, h))
 EMBEDDING_ELEMENTS = 2  # per token and hidden unit: the row read, the activation written
 ATTENTION_KERNELS_PER_LAYER = 2  # attention itself and the KV-cache write
 # Achieved / peak bandwidth of each element-wise kernel and of the embedding gather. They differ by 4x on
@@ -175,6 +187,11 @@ class CostModel:
         self.dtype_bytes = DTYPE_BYTES[spec.dtype]
         self.shapes = model_shapes(spec)
         self.gemms = [f(*self.shapes) for f in GEMMS.values()]
+        self.encoder_gemms: list[tuple[int, int]] = []
+        if spec.is_encoder_decoder:
+            h, i = spec.hidden_size, spec.intermediate_size
+            self.gemms = [f(h, i) for f in BART_DECODER_GEMMS]
+            self.encoder_gemms = [f(h, i) for f in BART_ENCODER_GEMMS]
         self.weight_bytes = spec.num_parameters * self.dtype_bytes
         self.kv_bytes_per_token = 2 * spec.num_hidden_layers * self.shapes[2] * self.dtype_bytes
 
@@ -198,6 +215,28 @@ class CostModel:
         head_flops, head_bytes = gemm_work(w.samples, s.hidden_size, s.vocab_size, tp, b)
         out.append(Term("lm_head", head_flops, head_bytes + w.samples * s.vocab_size * 4 / tp,  # float32 logits
                         p.eff_flops, p.eff_bw, p.gemm_kernel_s, 1))
+        if self.encoder_gemms:  # the decoder's side of cross-attention
+            h = s.hidden_size
+            if w.encoder_tokens:  # newly encoded requests' outputs become cross K/V, once, in every layer
+                out.append(Term("linear", *gemm_work(w.encoder_tokens, h, 2 * h, tp, b), p.eff_flops, p.eff_bw,
+                                p.gemm_kernel_s, layers))
+            out.append(Term("attention", pair_flops * w.cross_attention_pairs,
+                            kv * (w.cross_kv_read_tokens + w.encoder_tokens), p.attn_eff_flops, p.eff_bw, p.kernel_s,
+                            layers))
+        return out
+
+    def encoder_terms(self, w: BatchWork) -> list[Term]:
+        """The encode piece: the encoder's layers over the admitted requests' encoder tokens."""
+        p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.encoder_layers
+        if not w.encoder_tokens:
+            return []
+        out = [Term("encoder", *gemm_work(w.encoder_tokens, r, c, tp, b), p.eff_flops, p.eff_bw, p.gemm_kernel_s,
+                    layers) for r, c in self.encoder_gemms]
+        kv = self.kv_bytes_per_token / s.num_hidden_layers / tp
+        out.append(Term("encoder", 4 * s.num_attention_heads * s.head_dim / tp * w.encoder_attention_pairs,
+                        kv * w.encoder_tokens, p.attn_eff_flops, p.eff_bw, p.kernel_s, layers))
+        out += [Term("encoder", 0.0, elementwise_bytes(op, w.encoder_tokens, self.shapes, tp, b), 1.0,
+                     p.elem_eff_bw[op], p.kernel_s, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
         return out
 
     def phases(self, w: BatchWork) -> dict[str, float]:
@@ -211,6 +250,11 @@ class CostModel:
             secs["communication"] = 2 * s.num_hidden_layers * (p.allreduce_latency_s
                                                                 + ring / (p.gpu.link_bw * p.link_eff))
         secs["overhead"] = p.overhead_s + p.row_overhead_s * w.samples
+        if self.encoder_gemms:
+            secs["encoder"] = sum(t.seconds(p) for t in self.encoder_terms(w))
+            if tp > 1 and w.encoder_tokens:
+                ring = ring_allreduce_bytes(w.encoder_tokens * s.hidden_size * self.dtype_bytes, tp)
+                secs["encoder"] += 2 * s.encoder_layers * (p.allreduce_latency_s + ring / (p.gpu.link_bw * p.link_eff))
         return secs
 
     def step_time(self, w: BatchWork) -> float:

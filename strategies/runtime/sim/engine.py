@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.device import DeviceWork
+from strategies.runtime.encoder_buffers import EncoderBuffers
 from strategies.runtime.engine import BufferSet, Engine
 from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.cost import CostModel
@@ -14,10 +17,12 @@ SAMPLE_FRACTION = 0.02  # share of a step's time shown as "sample" in the record
 
 
 def proxy_config(spec: ModelConfig) -> ModelConfig:
-    """What the host-side buffers are sized for: a small vocabulary, the spec's context length."""
+    """What the host-side buffers are sized for: a small vocabulary, the spec's context length, and its
+    family (an encoder–decoder spec gets encoder buffers and a cross-KV block manager)."""
+    family = {"architecture": "bart", "encoder_layers": 1} if spec.is_encoder_decoder else {}
     return ModelConfig(vocab_size=SIM_VOCAB, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
                        num_key_value_heads=1, intermediate_size=8,
-                       max_position_embeddings=spec.max_position_embeddings, eos_token_id=2)
+                       max_position_embeddings=spec.max_position_embeddings, eos_token_id=2, **family)
 
 
 class SimModel(torch.nn.Module):
@@ -41,12 +46,28 @@ class SimEngine(Engine):
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, **kwargs) -> None:
         self.cost_model = cost
         super().__init__(cfg, SimModel(), stream, **kwargs)
+        if cfg.is_encoder_decoder:  # the host fills encoder buffers as on a real device; nothing computes them
+            for bufs in self.buffer_sets:
+                bufs.encoder = EncoderBuffers(kwargs["max_tokens"], kwargs["max_batch"], kwargs["max_seq_len"],
+                                              cfg.hidden_size, cfg.torch_dtype, kwargs["tokens_per_block"],
+                                              stream.memory)
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> None:
         return None  # nothing to store: the forward is not computed (blocks are still managed and counted)
 
+    def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
+                cross_table: np.ndarray | None = None) -> None:
+        super().prepare(batch, bufs, block_table)
+        if bufs.encoder is not None and cross_table is not None:
+            bufs.encoder.fill_step(batch, cross_table)
+
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
-        total = self.cost_model.step_time(bufs.work)
+        phases = self.cost_model.phases(bufs.work)
+        encode = phases.pop("encoder", 0.0)
+        total = sum(phases.values())
         durations = {"forward": total * (1 - SAMPLE_FRACTION), "sample": total * SAMPLE_FRACTION}
-        return self.stream.enqueue(iteration, [("forward", lambda: self._forward(iteration, bufs)),
-                                               ("sample", lambda: self._sample(bufs))], durations)
+        pieces = [("forward", lambda: self._forward(iteration, bufs)), ("sample", lambda: self._sample(bufs))]
+        if encode:
+            durations["encode"] = encode
+            pieces.insert(0, ("encode", lambda: None))
+        return self.stream.enqueue(iteration, pieces, durations)

@@ -18,6 +18,11 @@ MODEL_SPECS: dict[str, ModelConfig] = {
     "qwen2.5-7b": ModelConfig(vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                               num_key_value_heads=4, intermediate_size=18944, rope_theta=1000000.0,
                               max_position_embeddings=32768, eos_token_id=151645, dtype="bfloat16"),
+    # facebook/bart-large (an encoder–decoder; weights published in float32)
+    "bart-large": ModelConfig(vocab_size=50265, hidden_size=1024, num_hidden_layers=12, num_attention_heads=16,
+                              num_key_value_heads=16, intermediate_size=4096, max_position_embeddings=1024,
+                              eos_token_id=2, dtype="float32", architecture="bart", encoder_layers=12,
+                              tie_word_embeddings=True),
 }
 
 
