@@ -129,7 +129,27 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
         "preemptions": int(it["preemptions"].sum()),
         "kv_evictions": int(it["kv_evictions"].sum()) if "kv_evictions" in it else 0,
     }
+    bubble = pipeline_bubble_fraction(it)
+    if bubble is not None:
+        out["pipeline_bubble_fraction"] = bubble
     if "encode_start_s" in it and it["encode_start_s"].notna().any():  # encoder–decoder models
         encode = (it["encode_end_s"] - it["encode_start_s"]).dropna()
         out["encode_ms_per_iteration"] = float(encode.sum() / len(it) * 1e3)
     return out
+
+
+def pipeline_bubble_fraction(iterations: pd.DataFrame) -> float | None:
+    """Pipeline runs: each stage's idle time over its wall time (its first start to its last end), the
+    mean over stages; None for a run without stages."""
+    if "stage_start_s" not in iterations:
+        return None
+    timed = [len(s) > 0 for s in iterations["stage_start_s"]]  # a step never waited for has no times
+    starts = [np.asarray(s, dtype=float) for s, t in zip(iterations["stage_start_s"], timed, strict=True) if t]
+    ends = [np.asarray(e, dtype=float) for e, t in zip(iterations["stage_end_s"], timed, strict=True) if t]
+    if not starts:
+        return None
+    start, end = np.vstack(starts), np.vstack(ends)  # [iterations, stages]
+    busy = (end - start).sum(axis=0)
+    wall = end.max(axis=0) - start.min(axis=0)
+    return float(np.mean(1 - busy / wall))
+

@@ -83,6 +83,9 @@ class RunOptions:
     min_p: float = _opt(0.0, "min-p (0: off)")
     seed: int = _opt(0, "seed for the trace, prompts and sampling")
     ignore_eos: bool = _opt(False, "generate exactly the trace's output lengths")
+    pp: int = _opt(2, "pipeline: stages, each a process with a contiguous range of the model's layers")
+    num_micro_batches: int | None = _opt(None, "pipeline: micro-batches in flight (default: --pp)")
+    stage_timeout: float = _opt(60.0, "pipeline: seconds a silent stage may take before the run ends")
     beam_width: int = _opt(1, "beams per request: deterministic beam search, HF's semantics (1: off; a trace "
                               "line's beam_width overrides)")
     length_penalty: float = _opt(1.0, "beam search: a finished beam scores log-prob / generated length ** this")
@@ -181,7 +184,8 @@ class RunOptions:
                 tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, prefix_caching=self.prefix_caching,
                 kv_watermark=self.kv_watermark, device=self.device, device_memory=self.device_memory,
                 device_threads=self.device_threads, compile=self.compile, instrument=self.instrument,
-                max_beam_width=self.beam_width, sim=self.sim_config())
+                max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
+                stage_timeout_s=self.stage_timeout, sim=self.sim_config())
         except ValueError as exc:
             raise UserError(str(exc)) from None
 

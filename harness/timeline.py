@@ -3,7 +3,7 @@
 One process per strategy with two lanes: ``host`` (schedule, prepare, postprocess) and ``device``
 (forward, sample, and before them encode in an encoder–decoder model's steps that admit), one complete
 ("X") slice per phase, tagged with its iteration. Under overlap the host slices of step n+1 sit inside
-the device slices of step n; without it they alternate.
+the device slices of step n; without it they alternate. A pipeline run adds a lane per stage process.
 """
 
 from __future__ import annotations
@@ -23,7 +23,16 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
         {"name": "thread_name", "ph": "M", "pid": pid, "tid": HOST_TID, "args": {"name": "host"}},
         {"name": "thread_name", "ph": "M", "pid": pid, "tid": DEVICE_TID, "args": {"name": "device"}},
     ]
+    stages = max(map(len, iterations["stage_start_s"]), default=0) if "stage_start_s" in iterations else 0
+    for s in range(stages):  # pipeline: a lane per stage process
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": DEVICE_TID + 1 + s,
+                       "args": {"name": f"stage {s}"}})
     for rec in iterations.itertuples(index=False):
+        for s in range(len(rec.stage_start_s) if stages else 0):  # none for a step never waited for
+            start, end = rec.stage_start_s[s], rec.stage_end_s[s]
+            events.append({"name": f"stage {s}", "cat": "device", "ph": "X", "ts": round(start * 1e6, 3),
+                           "dur": round(max(end - start, 0.0) * 1e6, 3), "pid": pid, "tid": DEVICE_TID + 1 + s,
+                           "args": {"iteration": int(rec.iteration), "micro_batch": int(rec.micro_batch)}})
         for phases, tid in ((HOST_PHASES, HOST_TID), (DEVICE_PHASES, DEVICE_TID)):
             for phase in phases:
                 start, end = getattr(rec, f"{phase}_start_s"), getattr(rec, f"{phase}_end_s")

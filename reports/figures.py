@@ -167,10 +167,33 @@ def iteration_gantt(run: RunData) -> go.Figure:
                                  customdata=window["iteration"][ok],
                                  hovertemplate=f"{phase} iteration %{{customdata}}<br>%{{base:.3f}} ms"
                                                "+%{x:.3f} ms<extra></extra>"), row=row, col=1)
+        _stage_lanes(fig, window, t0, row)
         fig.update_xaxes(title_text="ms from window start", row=row, col=1)
     fig.update_layout(title=f"Iteration timeline ({run.name}): host vs device lanes", barmode="overlay",
                       height=max(300, 220 * len(strategies)))
     return fig
+
+
+def _stage_lanes(fig: go.Figure, window: pd.DataFrame, t0: float, row: int) -> None:
+    """Pipeline runs: a lane per stage process, each micro-batch its own colour."""
+    if "stage_start_s" not in window:
+        return
+    window = window[[len(x) > 0 for x in window["stage_start_s"]]]  # a step never waited for has no times
+    if window.empty:
+        return
+    start = np.vstack([np.asarray(x, float) for x in window["stage_start_s"]])  # [iterations, stages]
+    end = np.vstack([np.asarray(x, float) for x in window["stage_end_s"]])
+    colors = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#8c564b", "#e377c2")
+    for mb in sorted(set(window["micro_batch"])):
+        pick = (window["micro_batch"] == mb).to_numpy()
+        for stage in range(start.shape[1]):
+            dur = (end[pick, stage] - start[pick, stage]) * 1e3
+            fig.add_trace(go.Bar(y=[f"stage {stage}"] * int(pick.sum()), x=dur,
+                                 base=(start[pick, stage] - t0) * 1e3, orientation="h", name=f"micro-batch {mb}",
+                                 marker_color=colors[int(mb) % len(colors)], legendgroup=f"mb{mb}",
+                                 showlegend=row == 1 and stage == 0, customdata=window["iteration"][pick],
+                                 hovertemplate=f"stage {stage}, micro-batch {mb}, iteration %{{customdata}}"
+                                               "<br>%{base:.3f} ms +%{x:.3f} ms<extra></extra>"), row=row, col=1)
 
 
 def sweep(runs: list[RunData]) -> go.Figure | None:

@@ -125,6 +125,7 @@ class Strategy(Executor):
     """A slotbench executor: the shared runtime, arranged by a loop of schedule → launch → postprocess."""
 
     num_buffer_sets: ClassVar[int] = 1
+    separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:
@@ -139,6 +140,8 @@ class Strategy(Executor):
 
             assert c.sim is not None
             self.stream, self.engine = sim_engine(model_cfg, c.sim, self.clock, self.nvtx, sizes)
+        elif self.separate_processes:
+            self.stream, self.engine = self._process_engine(sizes)
         else:
             self.stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory)
             if model_cfg.is_encoder_decoder:
@@ -174,6 +177,10 @@ class Strategy(Executor):
 
     def inject_fault(self, iteration: int) -> None:
         self.engine.fault_at_iteration = iteration
+
+    def _process_engine(self, sizes: dict) -> tuple:
+        """(stream, engine) of a device made of other processes (pipeline stages)."""
+        raise NotImplementedError
 
     def max_tokens_per_step(self) -> int:
         return self.config.max_num_tokens
@@ -302,6 +309,9 @@ class Strategy(Executor):
         for name, (start, end) in work.times.items():
             setattr(rec, f"{name}_start_s", start)
             setattr(rec, f"{name}_end_s", end)
+        if work.stages:
+            rec.stage_start_s = tuple(s for s, _ in work.stages)
+            rec.stage_end_s = tuple(e for _, e in work.stages)
 
     def _postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
         """Hand each sampled token to its request; finish the ones the device says are done. Rows the

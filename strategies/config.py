@@ -22,6 +22,9 @@ class ExecutorConfig:
     prefix_caching: bool = False  # reuse full KV blocks by content hash across requests
     kv_watermark: float = 0.01  # max-utilization: free-block fraction kept back while requests run (vLLM's)
     cross_kv_blocks: int | None = None  # encoder–decoder: cross-attention KV blocks (None: as many as --kv-blocks)
+    pipeline_stages: int = 2  # pipeline strategy: stage processes (--pp), each a contiguous range of layers
+    num_micro_batches: int | None = None  # pipeline: micro-batches in flight (None: one per stage)
+    stage_timeout_s: float = 60.0  # pipeline: a stage silent this long ends the run
     max_beam_width: int = 1  # beam rows per slot in the decoder state and block tables (TensorRT-LLM's maxBeamWidth)
     device: str = "cpu"
     device_memory: str | None = None  # shared | split; None: shared on CPU and sim, split on CUDA
@@ -37,6 +40,10 @@ class ExecutorConfig:
         if not 1 <= self.max_beam_width <= self.max_batch_size:
             raise ValueError(f"beam width must be in [1, --max-batch-size={self.max_batch_size}]: a request's "
                              f"beams are rows of one batch, got {self.max_beam_width}")
+        if self.pipeline_stages <= 0 or (self.num_micro_batches is not None and self.num_micro_batches <= 0):
+            raise ValueError("--pp and --num-micro-batches must be positive")
+        if not self.stage_timeout_s > 0:
+            raise ValueError(f"--stage-timeout must be positive, got {self.stage_timeout_s}")
         for name in ("kv_blocks", "cross_kv_blocks"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
@@ -75,6 +82,10 @@ class ExecutorConfig:
         if self.kv_blocks is not None:
             return self.kv_blocks
         return self.max_batch_size * self.max_blocks_per_seq
+
+    @property
+    def micro_batches(self) -> int:
+        return self.num_micro_batches or self.pipeline_stages
 
     @property
     def total_cross_kv_blocks(self) -> int:

@@ -14,6 +14,7 @@ _ENGINES: dict[str, str] = {
     "static": "strategies.static.executor:StaticStrategy",
     "inflight": "strategies.inflight.executor:InflightStrategy",
     "overlap": "strategies.overlap.executor:OverlapStrategy",
+    "pipeline": "strategies.pipeline.executor:PipelineStrategy",
     "hf-static": "strategies.peers.hf_static:HFStaticExecutor",
     "hf-cb": "strategies.peers.hf_cb:HFContinuousBatchingExecutor",
 }

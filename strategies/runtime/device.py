@@ -38,7 +38,8 @@ class DeviceWork:
     # Held until the work is done. A bare lock wakes a waiting host in ~24 us here, an Event in ~37 us:
     # on CPU that wake-up sits between two device steps, so it is device idle time.
     _pending: threading.Lock = field(default_factory=threading.Lock)
-    _events: list = field(default_factory=list)  # CUDA: (name, start event, end event)
+    _events: list = field(default_factory=list)  # CUDA: (name, start event, end event); pipeline: receives
+    stages: list[tuple[float, float]] = field(default_factory=list)  # pipeline: each stage's compute (start, end)
 
     def __post_init__(self) -> None:
         self._pending.acquire()

@@ -20,6 +20,10 @@ class IterationRecord:
     # Device phases, as the device stream timed them (encode: encoder–decoder models, steps that admit).
     encode_start_s: float = NAN
     encode_end_s: float = NAN
+    # Pipeline parallelism: this step's micro-batch (its buffer set), and each stage's compute
+    micro_batch: int = -1
+    stage_start_s: tuple[float, ...] = ()
+    stage_end_s: tuple[float, ...] = ()
     forward_start_s: float = NAN
     forward_end_s: float = NAN
     sample_start_s: float = NAN

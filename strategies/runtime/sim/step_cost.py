@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from strategies.runtime.batch import BatchWork, ContextChunk, GenerationStep, ScheduledBatch
 
-_ROW = SimpleNamespace(width=1)  # stands for a request: the work counts only its rows (one, no beams)
+_ROW = SimpleNamespace(width=1, encoder_len=0)  # stands for a request: one row, no beams, no encoder
 
 
 def _ints(text: str, flag: str, parts: int) -> list[int]:

@@ -1,0 +1,92 @@
+"""Pipeline parallelism: the in-flight loop with M micro-batches in flight over N stage processes.
+
+The model's layers are split into N contiguous stages, each a process of its own with only its layers'
+KV cache (``strategies/runtime/pipeline/``). While stage 1 computes micro-batch k, stage 0 can compute
+k+1: up to M micro-batches are in flight, each with its own buffer set on the host and on every stage.
+Unlike overlap, which keeps the *same* requests in consecutive steps (their next input is read on the
+device), a micro-batch holds requests no other in-flight micro-batch holds (TensorRT-LLM's
+``inflight_req_ids``): a request's next token is unknown until its micro-batch leaves the last stage.
+The host schedules from the requests that are not in flight, with the in-flight scheduler and its
+capacity policies, and the decoder state (sampling, finishes) stays single, on the last stage.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from strategies.config import ExecutorConfig
+from strategies.inflight.executor import InflightStrategy
+from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.clock import Clock
+from strategies.runtime.device import DeviceWork
+from strategies.runtime.engine import BufferSet
+from strategies.runtime.iteration import IterationRecord
+from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.request import Request
+
+
+class PipelineStrategy(InflightStrategy):
+    name = "pipeline"
+
+    def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+                 clock: Clock | None = None) -> None:
+        self.num_buffer_sets = config.micro_batches  # one buffer set per micro-batch in flight
+        self.separate_processes = config.device != "sim"
+        self._in_flight: set[int] = set()  # id() of every request in a launched micro-batch
+        super().__init__(model_cfg, model, config, clock)
+
+    def _process_engine(self, sizes: dict) -> tuple:
+        from strategies.runtime.pipeline.stage_group import PipelineEngine
+
+        c = self.config
+        if c.device != "cpu":
+            raise ValueError(f"pipeline: stage processes run on the CPU (gloo) here, not {c.device}")
+        engine = PipelineEngine(self.model_cfg, self.model, self.clock, self.nvtx, stages=c.pipeline_stages,
+                                timeout_s=c.stage_timeout_s, threads=c.device_threads, **sizes)
+        return engine.stream, engine
+
+    def inject_stage_fault(self, stage: int, iteration: int, kind: int) -> None:
+        """Test hook: stage ``stage`` dies (DIE) or stops answering (HANG) at ``iteration``."""
+        self.engine.stage_fault = (stage, iteration, kind)
+
+    def inject_fault(self, iteration: int) -> None:
+        """The harness's fault hook: the last stage process dies at ``iteration``."""
+        from strategies.runtime.pipeline.messages import DIE
+
+        self.inject_stage_fault(self.config.pipeline_stages - 1, iteration, DIE)
+
+    def rejection(self, r: Request) -> str | None:
+        if r.width > 1:
+            return "pipeline: beam search is not supported"
+        return super().rejection(r)
+
+    def schedule(self, iteration: int) -> ScheduledBatch:
+        idle = [r for r in self.running if id(r) not in self._in_flight]
+        return self.scheduler.schedule(iteration, self.waiting, idle, self.slots.num_free, self._admit, self._preempt)
+
+    def _loop(self) -> None:
+        """schedule → launch, and once M micro-batches are in flight (or nothing else can be scheduled)
+        wait for the oldest and postprocess it."""
+        in_flight: deque[tuple[IterationRecord, DeviceWork, BufferSet, list[Request]]] = deque()
+        iteration = 0
+        while self._intake() or in_flight:
+            self.nvtx.push("iteration")
+            rec, batch = self._schedule_phase(iteration)
+            if batch:
+                bufs = self.engine.buffer_sets[iteration % self.num_buffer_sets]
+                rec.micro_batch = bufs.index
+                members = [c.request for c in batch.context] + [g.request for g in batch.generation]
+                self._in_flight.update(id(r) for r in members)
+                in_flight.append((rec, self._launch(rec, batch, bufs), bufs, members))
+                iteration += 1
+            waited = bool(in_flight) and (len(in_flight) == self.num_buffer_sets or not batch)
+            if waited:
+                done, work, bufs, members = in_flight.popleft()
+                self._wait(done, work)
+                self._postprocess(done, bufs)
+                self._in_flight.difference_update(id(r) for r in members)
+            self.nvtx.pop()
+            if not batch and not waited:  # nothing to run and nothing returned: wait for an arrival
+                self._idle()

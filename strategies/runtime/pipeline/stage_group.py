@@ -1,0 +1,155 @@
+"""The host's side of a pipeline: the stage processes, and the engine and stream the strategy drives.
+
+``PipelineEngine`` has the engine's interface (prepare, launch, outputs, buffer sets) so the strategy's
+three parts stay the same; behind it, slotbench starts one process per stage (``torch.multiprocessing``,
+spawned) in a ``torch.distributed`` group — gloo on CPU — with the host as rank 0. A launch sends the
+micro-batch's message to every stage and posts receives for the last stage's tokens and every stage's
+times; ``PipelineStream.wait`` waits for them. A stage that dies fails the wait at once (its socket
+closes); one that hangs fails it after ``stage_timeout_s``. ``close`` stops every stage and leaves no
+process behind, whatever state they are in.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.clock import Clock
+from strategies.runtime.device import DeviceStream, DeviceWork
+from strategies.runtime.engine import MAX_STOP_IDS, BufferSet
+from strategies.runtime.memory import DeviceMemory
+from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.pipeline import messages as m
+from strategies.runtime.pipeline import stage_worker
+from strategies.runtime.pipeline.stage_model import stage_layers, stage_state
+from strategies.runtime.runtime_buffers import ID, RuntimeBuffers
+from strategies.runtime.step_io import StepIO
+from strategies.runtime.tracing import Nvtx
+
+
+class PipelineStream(DeviceStream):
+    def __init__(self, clock: Clock, nvtx: Nvtx, engine: PipelineEngine) -> None:
+        super().__init__(clock, nvtx, engine.memory)
+        self.engine = engine
+
+    def wait(self, work: DeviceWork) -> float:
+        t = self.clock.now()
+        for w in work._events:  # the sends, the last stage's tokens, every stage's times
+            w.wait()
+        waited = self.clock.now() - t
+        times = self.engine.times_of(work.iteration)  # [stages, 3] perf_counter readings
+        at = self.clock.at
+        work.stages = [(at(s[0]), at(s[2] if i == len(times) - 1 else s[1])) for i, s in enumerate(times.tolist())]
+        last = times[-1].tolist()
+        work.times["forward"] = (at(float(times[0, 0])), at(last[1]))
+        work.times["sample"] = (at(last[1]), at(last[2]))
+        work._events.clear()
+        if not work.done():
+            work._finish()
+        return waited
+
+    def close(self) -> None:
+        self.engine.shutdown()
+
+
+class PipelineEngine:
+    def __init__(self, cfg: ModelConfig, model: torch.nn.Module, clock: Clock, nvtx: Nvtx, *, stages: int,
+                 timeout_s: float, threads: int, num_slots: int, max_seq_len: int, max_tokens: int, max_batch: int,
+                 num_buffer_sets: int, num_blocks: int, tokens_per_block: int, max_beam: int = 1) -> None:
+        if stages > cfg.num_hidden_layers:
+            raise ValueError(f"--pp {stages}: the model has only {cfg.num_hidden_layers} layers")
+        self.cfg, self.stages, self.tokens_per_block = cfg, stages, tokens_per_block
+        self.memory = DeviceMemory(torch.device("cpu"), split=False)  # the host's buffers; stages hold the rest
+        self.buffer_sets = [BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block,
+                                                        cfg.vocab_size, self.memory),
+                                      StepIO(max_batch, MAX_STOP_IDS, self.memory)) for i in range(num_buffer_sets)]
+        n_ints = m.max_ints(max_tokens, max_batch, -(-max_seq_len // tokens_per_block), MAX_STOP_IDS)
+        self._send = [(torch.zeros(m.HEADER, dtype=torch.int64), torch.zeros(n_ints, dtype=torch.int64),
+                       torch.zeros(max_batch * 4)) for _ in range(num_buffer_sets)]
+        self._sizes = [(0, 0)] * num_buffer_sets
+        self._out = [torch.zeros(max_batch, 2, dtype=torch.int64) for _ in range(num_buffer_sets)]  # [R, 2]
+        self._times = [torch.zeros(stages, 3, dtype=torch.float64) for _ in range(num_buffer_sets)]
+        self._set_of: dict[int, int] = {}  # iteration → buffer set, while launched
+        self.stage_fault: tuple[int, int, int] | None = None  # test hook: (stage, iteration, DIE | HANG)
+        self.fault_at_iteration: int | None = None
+        self.layer_ranges = stage_layers(cfg.num_hidden_layers, stages)
+        self.kv_bytes = 2 * num_blocks * tokens_per_block * cfg.num_hidden_layers * cfg.num_key_value_heads \
+            * cfg.head_dim * cfg.torch_dtype.itemsize  # all stages' pools together
+        sizes = {"num_slots": num_slots, "max_seq_len": max_seq_len, "max_tokens": max_tokens, "max_batch": max_batch,
+                 "num_buffer_sets": num_buffer_sets, "num_blocks": num_blocks, "tokens_per_block": tokens_per_block}
+        full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+        store = dist.TCPStore("127.0.0.1", 0, stages + 1, is_master=True, timeout=timedelta(seconds=timeout_s),
+                              wait_for_workers=False)  # port 0: the OS picks a free one
+        port = store.port
+        ctx = mp.get_context("spawn")
+        self.procs = []
+        for s, (a, b) in enumerate(self.layer_ranges):
+            first, last = s == 0, s == stages - 1
+            spec = stage_worker.StageSpec(cfg, stage_state(full, a, b, first, last), s, stages, (a, b), sizes, port,
+                                          timeout_s, threads)
+            p = ctx.Process(target=stage_worker.main, args=(spec,), name=f"slotbench-stage-{s}", daemon=True)
+            p.start()
+            self.procs.append(p)
+        try:
+            self.pg = dist.ProcessGroupGloo(store, 0, stages + 1, timedelta(seconds=timeout_s))
+        except BaseException:
+            self._kill()
+            raise
+        self._store = store
+        self.stream = PipelineStream(clock, nvtx, self)
+
+    def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
+                cross_table: np.ndarray | None = None) -> None:
+        order = batch.sampled_requests
+        rb, io = bufs.runtime, bufs.step
+        rb.fill(batch, block_table, order)
+        io.fill(order, batch.admitted, self.cfg.eos_token_id)
+        if batch.generation:  # a request is in one micro-batch at a time: the host knows its input token
+            ids = np.fromiter((g.request.token_ids[-1] for g in batch.generation), np.int64, len(batch.generation))
+            rb.tokens.np[rb.num_ctx_tokens:rb.num_tokens, ID] = ids
+        bufs.work = batch.work()
+
+    def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
+        header, ints, floats = self._send[bufs.index]
+        fault = self.stage_fault[::2] if self.stage_fault and self.stage_fault[1] == iteration else (-1, 0)
+        n_ints, n_floats = m.pack(iteration, bufs.index, bufs.runtime, bufs.step, header, ints, floats, fault)
+        work = DeviceWork(iteration)
+        for s in range(self.stages):
+            sends = [header, ints[:n_ints]] + ([floats[:n_floats]] if s == self.stages - 1 and n_floats else [])
+            work._events += [self.pg.send([t], s + 1, 0) for t in sends]  # kept until done: a dropped send is lost
+        work._events.append(self.pg.recv([self._out[bufs.index][:len(bufs.step.rows)]], self.stages, 0))
+        work._events += [self.pg.recv([self._times[bufs.index][s]], s + 1, 0) for s in range(self.stages)]
+        self._set_of[iteration] = bufs.index
+        return work
+
+    def times_of(self, iteration: int) -> torch.Tensor:
+        return self._times[self._set_of.pop(iteration)]
+
+    def outputs(self, bufs: BufferSet) -> tuple[list[int], list[int]]:
+        out = self._out[bufs.index][:len(bufs.step.rows)].tolist()
+        return [t for t, _ in out], [c for _, c in out]
+
+    def shutdown(self) -> None:
+        """Stop every stage: a stop message to the ones still listening, then whatever is left is killed."""
+        stop = torch.zeros(m.HEADER, dtype=torch.int64)
+        stop[m.KIND] = m.STOP
+        if all(p.is_alive() for p in self.procs):
+            try:
+                sent = [self.pg.send([stop], s + 1, 0) for s in range(self.stages)]
+                for p in self.procs:
+                    p.join(timeout=2)
+                del sent
+            except RuntimeError:
+                pass
+        self._kill()
+
+    def _kill(self) -> None:
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=5)

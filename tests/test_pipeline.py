@@ -1,0 +1,163 @@
+"""Pipeline parallelism: stage processes on torch.distributed (gloo), micro-batches of disjoint requests.
+
+Tokens are held to the in-flight strategy's (same model, float64): greedy and seeded sampling, with
+chunked prefill and preemption. One pipeline executor (two stage processes) serves every generated
+example in turn, so the processes start once.
+"""
+
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness.metrics import pipeline_bubble_fraction
+from harness.records import iterations_frame
+from strategies.config import ExecutorConfig
+from strategies.registry import get_strategy
+from strategies.runtime.pipeline.messages import DIE, HANG
+from strategies.runtime.request import SamplingParams, Status
+from tests.util import TINY64, ListSource, assert_accounted, make_requests, run_strategy, tiny_models
+
+# Chunked prefill (32-token budget) and preemption (max-utilization, 14 blocks of 8 tokens).
+CONFIG = ExecutorConfig(max_batch_size=6, max_seq_len=96, max_num_tokens=32, tokens_per_block=8, kv_blocks=14,
+                        capacity_policy="max-utilization", chunked_prefill=True, pipeline_stages=2)
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    s = get_strategy("pipeline")(TINY64, tiny_models()[1], CONFIG)
+    procs = s.engine.procs
+    yield s
+    s.close()
+    assert not any(p.is_alive() for p in procs)
+
+
+def _specs(rows, temperature, seed):
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(3, 500, size=n).tolist(), out, SamplingParams(temperature=temperature, seed=seed + i))
+            for i, (n, out) in enumerate(rows)]
+
+
+def _serve(s, requests):
+    s.run(ListSource(requests))
+    assert_accounted(requests)
+
+
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                HealthCheck.function_scoped_fixture])
+@given(rows=st.lists(st.tuples(st.integers(1, 60), st.integers(1, 24)), min_size=1, max_size=14),
+       temperature=st.sampled_from([0.0, 1.0]), seed=st.integers(0, 1000))
+def test_tokens_equal_inflight(pipeline, rows, temperature, seed):
+    specs = _specs(rows, temperature, seed)
+    reference = make_requests(specs)
+    run_strategy("inflight", TINY64, tiny_models()[1], CONFIG, reference)
+    got = make_requests(specs)
+    _serve(pipeline, got)
+    assert [r.output_token_ids for r in got] == [r.output_token_ids for r in reference]
+    assert [r.status for r in got] == [r.status for r in reference]
+
+
+def test_a_busy_run_chunks_preempts_and_overlaps_stages(pipeline):
+    """The fixed workload below exercises what the generated ones may miss — chunked prompts and
+    preemption — and shows the pipeline pipelining: stage 0 computes one micro-batch while stage 1
+    computes the other, and micro-batches hold disjoint requests."""
+    specs = _specs([(60, 20), (45, 24), (50, 16), (20, 24), (33, 20), (58, 12), (12, 24), (40, 18)], 0.0, 7)
+    reference = make_requests(specs)
+    run_strategy("inflight", TINY64, tiny_models()[1], CONFIG, reference)
+    got = make_requests(specs)
+    first = len(pipeline.records)
+    _serve(pipeline, got)
+    recs = pipeline.records[first:]
+    assert [r.output_token_ids for r in got] == [r.output_token_ids for r in reference]
+    assert any(r.preemptions for r in got)
+    assert any(r.num_context_tokens and r.context_attention_pairs > r.num_context_tokens * (r.num_context_tokens + 1)
+               // 2 for r in recs)  # a later chunk: it attends to an earlier one's pages
+    assert {r.micro_batch for r in recs} == {0, 1}
+    for r in recs:  # within a micro-batch the stages run in order
+        assert r.stage_start_s[0] <= r.stage_end_s[0] <= r.stage_start_s[1] <= r.stage_end_s[1]
+    overlapped = sum(b.stage_start_s[0] < a.stage_end_s[1] for a, b in itertools.pairwise(recs))
+    assert overlapped > 0  # micro-batch k+1 on stage 0 while k is on stage 1
+    bubble = pipeline_bubble_fraction(iterations_frame(recs))
+    assert 0 < bubble < 1
+
+
+def test_micro_batches_hold_disjoint_requests(pipeline):
+    """No scheduled request is in a micro-batch still in flight (TensorRT-LLM's inflight_req_ids)."""
+    got = make_requests(_specs([(10, 12)] * 6, 0.0, 3))
+    overlaps, in_flight_seen = [], []
+    schedule = pipeline.schedule
+
+    def spy(iteration):
+        batch = schedule(iteration)
+        ids = {id(c.request) for c in batch.context} | {id(g.request) for g in batch.generation}
+        overlaps.append(ids & pipeline._in_flight)
+        in_flight_seen.append(len(pipeline._in_flight))
+        return batch
+
+    pipeline.schedule = spy
+    try:
+        _serve(pipeline, got)
+    finally:
+        del pipeline.schedule
+    assert max(in_flight_seen) > 0 and not any(overlaps)
+
+
+@pytest.mark.parametrize("kind", [DIE, HANG])
+def test_a_stage_that_dies_or_hangs_ends_the_run(kind):
+    from harness.runner import run_strategy as run
+
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, pipeline_stages=2, stage_timeout_s=3.0)
+    requests = make_requests(_specs([(8, 30)] * 4, 0.0, 1))
+    s = get_strategy("pipeline")(TINY64, tiny_models()[1], cfg)
+    s.inject_stage_fault(1 if kind == DIE else 0, 5, kind)
+    procs = s.engine.procs
+    t = time.perf_counter()
+    with pytest.raises(RuntimeError):
+        s.run(ListSource(requests))
+    took = time.perf_counter() - t
+    s.close()
+    assert not any(p.is_alive() for p in procs)
+    assert took < (2.0 if kind == DIE else 3.0 + 5.0)
+    assert len(s.records) >= 5  # what ran before the fault is kept
+    # through the harness: unfinished requests end failed with the reason, nothing lost
+    requests = make_requests(_specs([(8, 30)] * 4, 0.0, 1))
+    result = run("pipeline", TINY64, tiny_models()[1], cfg, requests, fault_at_iteration=4)
+    assert result.error and all(r.status is Status.FAILED for r in requests) and result.records
+
+
+def test_ctrl_c_stops_every_stage(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--model", "tiny", "--strategies", "pipeline",
+                             "--num-prompts", "400", "--request-rate", "20", "--warmup", "0", "--out",
+                             str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    stages: list[int] = []
+    deadline = time.time() + 60
+    while len(stages) < 2 and time.time() < deadline:  # the stage processes: the CLI's spawned children
+        out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True,
+                             text=True).stdout
+        stages = [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
+        time.sleep(0.2)
+    assert len(stages) == 2
+    time.sleep(2.0)  # serving
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+
+    def alive() -> list[int]:
+        out = []
+        for pid in stages:
+            try:
+                os.kill(pid, 0)
+                out.append(pid)
+            except ProcessLookupError:
+                pass
+        return out
+
+    assert not alive(), f"stage processes left behind: {alive()}"
