@@ -130,8 +130,9 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
         "kv_evictions": int(it["kv_evictions"].sum()) if "kv_evictions" in it else 0,
     }
     bubble = pipeline_bubble_fraction(it)
-    if bubble is not None:
+    if bubble is not None:  # micro-batches overlap on the device: busy is per stage
         out["pipeline_bubble_fraction"] = bubble
+        out["device_busy_fraction"] = 1 - bubble
     if "encode_start_s" in it and it["encode_start_s"].notna().any():  # encoder–decoder models
         encode = (it["encode_end_s"] - it["encode_start_s"]).dropna()
         out["encode_ms_per_iteration"] = float(encode.sum() / len(it) * 1e3)

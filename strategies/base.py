@@ -126,6 +126,7 @@ class Strategy(Executor):
 
     num_buffer_sets: ClassVar[int] = 1
     separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
+    pipeline_stages: ClassVar[int] = 1  # stages the device is split into (the pipeline strategy's --pp)
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:
@@ -139,7 +140,7 @@ class Strategy(Executor):
             from strategies.runtime.sim.build import sim_engine
 
             assert c.sim is not None
-            self.stream, self.engine = sim_engine(model_cfg, c.sim, self.clock, self.nvtx, sizes)
+            self.stream, self.engine = sim_engine(model_cfg, c.sim, self.clock, self.nvtx, sizes, self.pipeline_stages)
         elif self.separate_processes:
             self.stream, self.engine = self._process_engine(sizes)
         else:

@@ -7,12 +7,14 @@ Unlike overlap, which keeps the *same* requests in consecutive steps (their next
 device), a micro-batch holds requests no other in-flight micro-batch holds (TensorRT-LLM's
 ``inflight_req_ids``): a request's next token is unknown until its micro-batch leaves the last stage.
 The host schedules from the requests that are not in flight, with the in-flight scheduler and its
-capacity policies, and the decoder state (sampling, finishes) stays single, on the last stage.
+capacity policies, each micro-batch taking at most its share (``max_batch_size / M``) of the slots; the
+decoder state (sampling, finishes) stays single, on the last stage.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import replace
 
 import torch
 
@@ -25,6 +27,7 @@ from strategies.runtime.engine import BufferSet
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.request import Request
+from strategies.scheduler import IterationScheduler
 
 
 class PipelineStrategy(InflightStrategy):
@@ -33,9 +36,15 @@ class PipelineStrategy(InflightStrategy):
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:
         self.num_buffer_sets = config.micro_batches  # one buffer set per micro-batch in flight
-        self.separate_processes = config.device != "sim"
+        self.separate_processes = config.device != "sim"  # simulated: one process, stages timed by the stream
+        self.pipeline_stages = config.pipeline_stages
         self._in_flight: set[int] = set()  # id() of every request in a launched micro-batch
         super().__init__(model_cfg, model, config, clock)
+        # The slots are shared by the M micro-batches: each takes at most its share of rows, so that the
+        # pipeline fills with M micro-batches of similar size instead of one that takes every request.
+        self.rows_per_micro_batch = -(-config.max_batch_size // self.num_buffer_sets)
+        self.scheduler = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
+                                            self.cross_kv)
 
     def _process_engine(self, sizes: dict) -> tuple:
         from strategies.runtime.pipeline.stage_group import PipelineEngine
@@ -63,7 +72,7 @@ class PipelineStrategy(InflightStrategy):
         return super().rejection(r)
 
     def schedule(self, iteration: int) -> ScheduledBatch:
-        idle = [r for r in self.running if id(r) not in self._in_flight]
+        idle = [r for r in self.running if id(r) not in self._in_flight][:self.rows_per_micro_batch]
         return self.scheduler.schedule(iteration, self.waiting, idle, self.slots.num_free, self._admit, self._preempt)
 
     def _loop(self) -> None:

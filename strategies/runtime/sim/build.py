@@ -6,7 +6,7 @@ from strategies.runtime.clock import Clock
 from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.config import SimConfig
 from strategies.runtime.sim.cost import CostModel, DeviceProfile
-from strategies.runtime.sim.device import SimStream, VirtualClock
+from strategies.runtime.sim.device import SimPipelineStream, SimStream, VirtualClock
 from strategies.runtime.sim.engine import SimEngine
 from strategies.runtime.sim.specs import resolve_model_spec
 from strategies.runtime.tracing import Nvtx
@@ -22,10 +22,13 @@ def virtual_clock(sim: SimConfig) -> VirtualClock:
     return VirtualClock(sim.host_time, sim.host_ms_per_iteration / 1e3, sim.host_us_per_request / 1e6)
 
 
-def sim_engine(model_cfg: ModelConfig, sim: SimConfig, clock: Clock, nvtx: Nvtx,
-               sizes: dict) -> tuple[SimStream, SimEngine]:
+def sim_engine(model_cfg: ModelConfig, sim: SimConfig, clock: Clock, nvtx: Nvtx, sizes: dict,
+               stages: int = 1) -> tuple[SimStream, SimEngine]:
+    """``stages`` > 1: the device split into pipeline stages (the pipeline strategy)."""
     if not isinstance(clock, VirtualClock):
         raise ValueError("the simulated device needs a VirtualClock (strategies.base.make_clock)")
     cost = cost_model(sim)
-    stream = SimStream(clock, nvtx, cost.profile.launch_latency_s, cost.profile.sync_latency_s)
-    return stream, SimEngine(model_cfg, None, stream, cost=cost, **sizes)
+    p = cost.profile
+    stream = (SimPipelineStream(clock, nvtx, stages, p.launch_latency_s, p.sync_latency_s) if stages > 1
+              else SimStream(clock, nvtx, p.launch_latency_s, p.sync_latency_s))
+    return stream, SimEngine(model_cfg, None, stream, cost=cost, stages=stages, **sizes)

@@ -257,6 +257,19 @@ class CostModel:
                 secs["encoder"] += 2 * s.encoder_layers * (p.allreduce_latency_s + ring / (p.gpu.link_bw * p.link_eff))
         return secs
 
+    def stage_times(self, w: BatchWork, stages: int) -> tuple[list[float], float]:
+        """Pipeline parallelism: each stage's share of a step (layers split evenly; the embedding on the
+        first stage, the LM head on the last; every stage its own launch overhead), and the time the
+        hidden states take from one stage to the next (one point-to-point send over the link)."""
+        secs = self.phases(w)
+        layers = sum(secs[k] for k in ("linear", "attention", "elementwise", "communication"))
+        out = [layers / stages + secs["overhead"] for _ in range(stages)]
+        out[0] += secs["embedding"] + secs.get("encoder", 0.0)
+        out[-1] += secs["lm_head"]
+        p = self.profile
+        hop = p.allreduce_latency_s + w.tokens * self.spec.hidden_size * self.dtype_bytes / (p.gpu.link_bw * p.link_eff)
+        return out, hop
+
     def step_time(self, w: BatchWork) -> float:
         return sum(self.phases(w).values())
 

@@ -99,3 +99,38 @@ class SimStream(DeviceStream):
             return 0.0
         self.clock.advance_to(end + self.sync_latency_s)
         return end + self.sync_latency_s - now
+
+
+class SimPipelineStream(SimStream):
+    """The simulated device as N pipeline stages: each stage is busy for its share of a micro-batch's
+    forward (``stage_s``, from the cost model) and free for the next as soon as it is done, so stage 0
+    runs micro-batch k+1 while stage 1 runs k. A stage starts once the previous stage's hidden states
+    arrived (``hop_s`` later) and it is free; the last stage samples."""
+
+    def __init__(self, clock: VirtualClock, nvtx: Nvtx, stages: int, launch_latency_s: float = 0.0,
+                 sync_latency_s: float = 0.0) -> None:
+        super().__init__(clock, nvtx, launch_latency_s, sync_latency_s)
+        self._stage_free = [0.0] * stages
+
+    def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None,
+                stage_s: list[float] | None = None, hop_s: float = 0.0) -> DeviceWork:
+        work = DeviceWork(iteration)
+        try:
+            with self.clock.frozen(), torch.inference_mode():
+                for _, fn in pieces:
+                    fn()
+        except BaseException as exc:
+            work.error = exc
+        assert stage_s is not None and durations is not None
+        ready = self.clock.now() + self.launch_latency_s
+        for s, d in enumerate(stage_s):
+            start = max(ready, self._stage_free[s])
+            work.stages.append((start, start + d))
+            self._stage_free[s] = start + d
+            ready = start + d + hop_s
+        end = work.stages[-1][1]
+        work.times["forward"] = (work.stages[0][0], end)
+        work.times["sample"] = (end, end + durations.get("sample", 0.0))
+        self._stage_free[-1] = work.times["sample"][1]
+        work._finish()
+        return work

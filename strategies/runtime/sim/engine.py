@@ -43,8 +43,10 @@ class SimModel(torch.nn.Module):
 
 
 class SimEngine(Engine):
-    def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, **kwargs) -> None:
+    def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, stages: int = 1,
+                 **kwargs) -> None:
         self.cost_model = cost
+        self.stages = stages  # pipeline stages the simulated device is split into
         super().__init__(cfg, SimModel(), stream, **kwargs)
         if cfg.is_encoder_decoder:  # the host fills encoder buffers as on a real device; nothing computes them
             for bufs in self.buffer_sets:
@@ -62,6 +64,12 @@ class SimEngine(Engine):
             bufs.encoder.fill_step(batch, cross_table)
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
+        if self.stages > 1:  # pipeline parallelism: the stream times each stage
+            stage_s, hop_s = self.cost_model.stage_times(bufs.work, self.stages)
+            durations = {"sample": stage_s[-1] * SAMPLE_FRACTION}
+            return self.stream.enqueue(iteration, [("forward", lambda: self._forward(iteration, bufs)),
+                                                   ("sample", lambda: self._sample(bufs))], durations,
+                                       stage_s=stage_s, hop_s=hop_s)
         phases = self.cost_model.phases(bufs.work)
         encode = phases.pop("encoder", 0.0)
         total = sum(phases.values())
