@@ -169,6 +169,8 @@ def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tok
 def _check_encoder_inputs(opts: RunOptions, model_cfg: ModelConfig, trace: Trace) -> None:
     """An encoder–decoder model needs an encoder input on every request; a decoder-only one takes none."""
     with_encoder = sum(1 for t in trace.requests if t.encoder_tokens)
+    if model_cfg.is_encoder_decoder and "pipeline" in opts.strategies and opts.device != "sim":
+        raise UserError(f"--model {opts.model}: the pipeline strategy's stages run decoder-only models")
     if model_cfg.is_encoder_decoder:
         if with_encoder < len(trace.requests):
             raise UserError(f"--model {opts.model} is an encoder–decoder model: {len(trace.requests) - with_encoder} "

@@ -116,6 +116,8 @@ class RunOptions:
 
             if not torch.cuda.is_available():
                 raise UserError(f"--device {self.device}: CUDA is not available on this machine")
+        if "pipeline" in self.strategies and self.device.startswith("cuda"):
+            raise UserError("pipeline: the stage processes run on the CPU (gloo) or the simulated device here")
         peers = [s for s in self.strategies if s.startswith("hf-")]
         if peers and self.device != "cpu":
             raise UserError(f"{peers[0]} runs transformers on the CPU only (--device {self.device})")

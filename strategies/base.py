@@ -105,9 +105,9 @@ class Executor(ABC):
             return "an encoder–decoder model needs encoder input"
         if r.width > 1:
             return "beam search with an encoder–decoder model is not supported"
-        if r.encoder_len > min(c.max_seq_len, c.max_num_tokens):
-            return (f"encoder input ({r.encoder_len}) exceeds max_seq_len / max_num_tokens "
-                    f"({min(c.max_seq_len, c.max_num_tokens)}): it is encoded in one step")
+        if r.encoder_len > c.max_seq_len or r.encoder_len >= c.max_num_tokens:
+            return (f"encoder input ({r.encoder_len}) must fit max_seq_len ({c.max_seq_len}) and leave room in "
+                    f"max_num_tokens ({c.max_num_tokens}): it is encoded whole, in the step that admits it")
         if -(-r.encoder_len // c.tokens_per_block) > c.total_cross_kv_blocks:
             return f"needs more cross-attention KV blocks than the cache has ({c.total_cross_kv_blocks})"
         ids = r.encoder_prompt_token_ids

@@ -191,32 +191,29 @@ def _load_mooncake(path: str, text: str) -> tuple[list[TraceRequest], int]:
     return rows, 0
 
 
-def _token_ids(path: str, line: int, obj: dict, key: str) -> list[int] | None:
-    ids = obj.get(key)
-    if ids is not None and (not isinstance(ids, list) or not ids
-                            or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
-        raise TraceError(path, line, f"{key}: expected a non-empty list of non-negative integers")
-    return ids
+def _tokens_or_length(path: str, line: int, obj: dict, ids_key: str,
+                      length_key: str) -> tuple[list[int] | None, int | None]:
+    """(the token ids, their count) from ``ids_key``, else (None, the count) from ``length_key``, else
+    (None, None)."""
+    ids = obj.get(ids_key)
+    if ids is not None:
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
+                                                           for t in ids):
+            raise TraceError(path, line, f"{ids_key}: expected a non-empty list of non-negative integers")
+        return ids, len(ids)
+    if length_key in obj:
+        return None, _length(path, line, length_key, obj[length_key])
+    return None, None
 
 
 def _load_slotbench(path: str, text: str) -> tuple[list[TraceRequest], int]:
     rows = []
     for i, obj in _json_lines(path, text):
         _require(path, i, obj, "arrival_s", "output_tokens")
-        prompt = _token_ids(path, i, obj, "prompt_token_ids")
-        if prompt is not None:
-            n_in = len(prompt)
-        elif "input_tokens" in obj:
-            n_in = _length(path, i, "input_tokens", obj["input_tokens"])
-        else:
+        prompt, n_in = _tokens_or_length(path, i, obj, "prompt_token_ids", "input_tokens")
+        if n_in is None:
             raise TraceError(path, i, "missing key input_tokens or prompt_token_ids")
-        encoder = _token_ids(path, i, obj, "encoder_prompt_token_ids")
-        if encoder is not None:
-            n_enc = len(encoder)
-        elif "encoder_input_tokens" in obj:
-            n_enc = _length(path, i, "encoder_input_tokens", obj["encoder_input_tokens"])
-        else:
-            n_enc = 0
+        encoder, n_enc = _tokens_or_length(path, i, obj, "encoder_prompt_token_ids", "encoder_input_tokens")
         unknown = set(obj) - {"arrival_s", "input_tokens", "prompt_token_ids", "output_tokens", "request_id",
                               "encoder_prompt_token_ids", "encoder_input_tokens", *SAMPLING_KEYS}
         if unknown:
@@ -228,7 +225,7 @@ def _load_slotbench(path: str, text: str) -> tuple[list[TraceRequest], int]:
         rows.append(TraceRequest(_number(path, i, "arrival_s", obj["arrival_s"], integer=False), n_in,
                                  _length(path, i, "output_tokens", obj["output_tokens"]),
                                  str(rid) if rid is not None else None,
-                                 tuple(prompt) if prompt is not None else None, sampling, encoder_tokens=n_enc,
+                                 tuple(prompt) if prompt is not None else None, sampling, encoder_tokens=n_enc or 0,
                                  encoder_prompt_token_ids=tuple(encoder) if encoder is not None else None))
     return rows, 0
 

@@ -26,9 +26,10 @@ class InflightStrategy(Strategy):
 
     def rejection(self, r: Request) -> str | None:
         reason = super().rejection(r)
-        if reason is None and not self.config.chunked_prefill and r.prompt_len > self.config.max_num_tokens:
-            reason = (f"prompt ({r.prompt_len}) exceeds max_num_tokens ({self.config.max_num_tokens}) "
-                      "without chunked prefill")
+        need = r.prompt_len + r.encoder_len  # an encoder input runs in the step that admits its request
+        if reason is None and not self.config.chunked_prefill and need > self.config.max_num_tokens:
+            reason = (f"prompt ({need} tokens, encoder input included) exceeds max_num_tokens "
+                      f"({self.config.max_num_tokens}) without chunked prefill")
         return reason
 
     def _preempt(self, r: Request) -> None:

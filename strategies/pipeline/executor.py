@@ -50,6 +50,8 @@ class PipelineStrategy(InflightStrategy):
         from strategies.runtime.pipeline.stage_group import PipelineEngine
 
         c = self.config
+        if self.model_cfg.is_encoder_decoder:
+            raise ValueError("pipeline: the stage processes run decoder-only (Llama-style) models")
         if c.device != "cpu":
             raise ValueError(f"pipeline: stage processes run on the CPU (gloo) here, not {c.device}")
         engine = PipelineEngine(self.model_cfg, self.model, self.clock, self.nvtx, stages=c.pipeline_stages,

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.paged_attention import attention_indices, generation_attention, paged_attention
+from strategies.runtime.paged_attention import generation_attention, paged_attention, step_indices
 
 POSITION_OFFSET = 2  # BART's learned positions start at index 2 (TorchScript reads no globals: 2 below)
 
@@ -103,28 +103,22 @@ class BartDecoderLayer(nn.Module):
         return self.final_layer_norm(x + self.fc2(torch.nn.functional.gelu(self.fc1(x))))
 
 
-class BartEncoder(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+class BartStack(nn.Module):
+    """The encoder's or the decoder's learned positions, embedding LayerNorm and layers (HF's names)."""
+
+    def __init__(self, cfg: ModelConfig, layers: list[nn.Module]) -> None:
         super().__init__()
         self.embed_positions = nn.Embedding(cfg.max_position_embeddings + POSITION_OFFSET, cfg.hidden_size)
         self.layernorm_embedding = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.layers = nn.ModuleList([BartEncoderLayer(cfg) for _ in range(cfg.encoder_layers)])
-
-
-class BartDecoder(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
-        super().__init__()
-        self.embed_positions = nn.Embedding(cfg.max_position_embeddings + POSITION_OFFSET, cfg.hidden_size)
-        self.layernorm_embedding = nn.LayerNorm(cfg.hidden_size, eps=cfg.layer_norm_eps)
-        self.layers = nn.ModuleList([BartDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
+        self.layers = nn.ModuleList(layers)
 
 
 class BartModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.shared = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.encoder = BartEncoder(cfg)
-        self.decoder = BartDecoder(cfg)
+        self.encoder = BartStack(cfg, [BartEncoderLayer(cfg) for _ in range(cfg.encoder_layers)])
+        self.decoder = BartStack(cfg, [BartDecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.lm_head.weight = self.shared.weight
         self.register_buffer("final_logits_bias", torch.zeros(1, cfg.vocab_size))  # [1, V]
@@ -150,13 +144,11 @@ class BartModel(nn.Module):
         [F, hidden]`` → ``fill_dst [F]``: encoder outputs to project into cross KV pages in this step;
         ``cross_table [R, Wc]`` and ``cross_lens`` (R ints): each request row's cross pages and encoder
         length, rows in the block table's order."""
+        ctx_kv, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0, num_ctx_tokens,
+                                                gen_kmax, tokens_per_block, last_token, cache_indirection, max_beam,
+                                                k_pools)
         token_ids, positions = tokens[:, 0], tokens[:, 1]
         t = tokens.size(0)
-        if t > num_ctx_tokens:
-            token_ids[num_ctx_tokens:] = last_token[tokens[num_ctx_tokens:, 2]]
-        ctx_kv, gen_kv, gen_mask = attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
-                                                     num_ctx_tokens, gen_kmax, tokens_per_block, cache_indirection,
-                                                     max_beam, k_pools)
         dev = tokens.device
         n_ctx = len(ctx_starts)
         cross_ctx: list[torch.Tensor] = []

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.paged_attention import attention_indices, paged_attention
+from strategies.runtime.paged_attention import paged_attention, step_indices
 
 
 class RMSNorm(nn.Module):
@@ -132,13 +132,10 @@ class LlamaModel(nn.Module):
         state's ``last_token`` rows on the device; logits land in ``logits_out`` (float32 whatever the
         model dtype, as Hugging Face samples). ``cache_indirection [S * max_beam, L]`` (empty without beam
         search): for each beam row and position, which beam of the request wrote that position's key."""
+        ctx_kv, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0, num_ctx_tokens,
+                                                gen_kmax, tokens_per_block, last_token, cache_indirection, max_beam,
+                                                k_pools)
         token_ids, positions = tokens[:, 0], tokens[:, 1]
-        t = tokens.size(0)
-        if t > num_ctx_tokens:
-            token_ids[num_ctx_tokens:] = last_token[tokens[num_ctx_tokens:, 2]]
-        ctx_kv, gen_kv, gen_mask = attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
-                                                     num_ctx_tokens, gen_kmax, tokens_per_block, cache_indirection,
-                                                     max_beam, k_pools)
         logits = self.forward(token_ids, positions, tokens[:, 3], k_pools, v_pools, ctx_starts, ctx_lens, ctx_pos0,
                               ctx_kv, num_ctx_tokens, gen_kv, gen_mask, sample_rows)
         logits_out[: logits.size(0)].copy_(logits)

@@ -54,6 +54,19 @@ def attention_indices(tokens: torch.Tensor, block_table: torch.Tensor, ctx_start
 
 
 @torch.jit.script
+def step_indices(tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
+                 ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int, tokens_per_block: int,
+                 last_token: torch.Tensor, cache_indirection: torch.Tensor, max_beam: int,
+                 like: torch.Tensor) -> tuple[list[torch.Tensor], torch.Tensor, torch.Tensor]:
+    """A model step's preamble: the generation rows' input ids read from the decoder state's last tokens
+    (in place, into ``tokens[:, 0]``: they never visit the host), then ``attention_indices``."""
+    if tokens.size(0) > num_ctx_tokens:
+        tokens[num_ctx_tokens:, 0] = last_token[tokens[num_ctx_tokens:, 2]]
+    return attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0, num_ctx_tokens, gen_kmax,
+                             tokens_per_block, cache_indirection, max_beam, like)
+
+
+@torch.jit.script
 def generation_attention(q: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, gen_kv: torch.Tensor,
                          gen_mask: torch.Tensor) -> torch.Tensor:
     """One query per row, batched: every row's pages gathered (head-major, so the gather is matmul-ready

@@ -31,8 +31,10 @@ class StaticStrategy(Strategy):
 
     def rejection(self, r: Request) -> str | None:
         reason = super().rejection(r)
-        if reason is None and r.prompt_len > self.config.max_num_tokens:
-            reason = f"prompt ({r.prompt_len}) exceeds max_num_tokens ({self.config.max_num_tokens}): one forward"
+        need = r.prompt_len + r.encoder_len  # the encoder input shares the first forward
+        if reason is None and need > self.config.max_num_tokens:
+            reason = (f"prompt ({need} tokens, encoder input included) exceeds max_num_tokens "
+                      f"({self.config.max_num_tokens}): one forward")
         return reason
 
     def schedule(self, iteration: int) -> ScheduledBatch:

@@ -72,15 +72,19 @@ class SimStream(DeviceStream):
         self.sync_latency_s = sync_latency_s
         self._free_at = 0.0
 
-    def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None) -> DeviceWork:
-        work = DeviceWork(iteration)
-        start = max(self.clock.now(), self._free_at) + self.launch_latency_s
+    def _run(self, work: DeviceWork, pieces: list[Piece]) -> None:
+        """The pieces' real work (buffers, sampler), off the virtual clock; a failure goes to the host."""
         try:
             with self.clock.frozen(), torch.inference_mode():
                 for _, fn in pieces:
                     fn()
         except BaseException as exc:
             work.error = exc
+
+    def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None) -> DeviceWork:
+        work = DeviceWork(iteration)
+        start = max(self.clock.now(), self._free_at) + self.launch_latency_s
+        self._run(work, pieces)
         t = start
         for name, _ in pieces:
             d = (durations or {}).get(name, 0.0)
@@ -115,12 +119,7 @@ class SimPipelineStream(SimStream):
     def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None,
                 stage_s: list[float] | None = None, hop_s: float = 0.0) -> DeviceWork:
         work = DeviceWork(iteration)
-        try:
-            with self.clock.frozen(), torch.inference_mode():
-                for _, fn in pieces:
-                    fn()
-        except BaseException as exc:
-            work.error = exc
+        self._run(work, pieces)
         assert stage_s is not None and durations is not None
         ready = self.clock.now() + self.launch_latency_s
         for s, d in enumerate(stage_s):
