@@ -86,7 +86,7 @@ def test_every_strategy_gives_the_same_tokens_in_shared_and_split_memory(name):
             assert tokens[memory, policy] == expected, (memory, policy)
 
 
-@pytest.mark.parametrize("name", STRATEGIES)
+@pytest.mark.parametrize("name", [s for s in STRATEGIES if s != "pipeline"])  # its device is other processes
 def test_launch_returns_while_the_device_is_busy(name):
     """Hold the device worker on a gate, launch the next step, and see the launch return before the
     gate opens. A launch that waited for the device (a blocking copy, a read of a device tensor)

@@ -7,6 +7,7 @@ example in turn, so the processes start once.
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,9 +26,10 @@ from strategies.runtime.pipeline.messages import DIE, HANG
 from strategies.runtime.request import SamplingParams, Status
 from tests.util import TINY64, ListSource, assert_accounted, make_requests, run_strategy, tiny_models
 
-# Chunked prefill (32-token budget) and preemption (max-utilization, 14 blocks of 8 tokens).
+# Chunked prefill (32-token budget), preemption (max-utilization, 14 blocks of 8 tokens), prefix caching.
 CONFIG = ExecutorConfig(max_batch_size=6, max_seq_len=96, max_num_tokens=32, tokens_per_block=8, kv_blocks=14,
-                        capacity_policy="max-utilization", chunked_prefill=True, pipeline_stages=2)
+                        capacity_policy="max-utilization", chunked_prefill=True, prefix_caching=True,
+                        pipeline_stages=2)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def test_tokens_equal_inflight(pipeline, rows, temperature, seed):
 def test_a_busy_run_chunks_preempts_and_overlaps_stages(pipeline):
     """The fixed workload below exercises what the generated ones may miss — chunked prompts and
     preemption — and shows the pipeline pipelining: stage 0 computes one micro-batch while stage 1
-    computes the other, and micro-batches hold disjoint requests."""
+    computes the other."""
     specs = _specs([(60, 20), (45, 24), (50, 16), (20, 24), (33, 20), (58, 12), (12, 24), (40, 18)], 0.0, 7)
     reference = make_requests(specs)
     run_strategy("inflight", TINY64, tiny_models()[1], CONFIG, reference)
@@ -86,6 +88,26 @@ def test_a_busy_run_chunks_preempts_and_overlaps_stages(pipeline):
     assert overlapped > 0  # micro-batch k+1 on stage 0 while k is on stage 1
     bubble = pipeline_bubble_fraction(iterations_frame(recs))
     assert 0 < bubble < 1
+
+
+def test_prefix_cache_hits_read_every_stages_cached_blocks(pipeline):
+    """A prompt served once leaves its full blocks cached on every stage; a later prompt sharing its first
+    40 tokens reads them instead of computing them, and its tokens still equal the in-flight strategy's."""
+    first = _specs([(48, 6)], 0.0, 11)
+    again = [([*first[0][0][:40], 7, 8, 9], 10, SamplingParams())]
+    outputs = {}
+    for name in ("inflight", "pipeline"):
+        reqs = [make_requests(first), make_requests(again)]
+        s = get_strategy("inflight")(TINY64, tiny_models()[1], CONFIG) if name == "inflight" else pipeline
+        try:
+            for batch in reqs:
+                _serve(s, batch)
+        finally:
+            if s is not pipeline:
+                s.close()
+        assert reqs[1][0].cached_tokens == 40, name
+        outputs[name] = [r.output_token_ids for batch in reqs for r in batch]
+    assert outputs["pipeline"] == outputs["inflight"]
 
 
 def test_micro_batches_hold_disjoint_requests(pipeline):
@@ -119,7 +141,8 @@ def test_a_stage_that_dies_or_hangs_ends_the_run(kind):
     s.inject_stage_fault(1 if kind == DIE else 0, 5, kind)
     procs = s.engine.procs
     t = time.perf_counter()
-    with pytest.raises(RuntimeError):
+    message = "pipeline stage 1 exited (code 3)" if kind == DIE else "did not answer within --stage-timeout (3 s)"
+    with pytest.raises(RuntimeError, match=re.escape(message)):
         s.run(ListSource(requests))
     took = time.perf_counter() - t
     s.close()

@@ -103,7 +103,7 @@ def test_second_sigint_exits_at_once(tmp_path):
             "--request-rate", "200", "--max-seq-len", "64", "--input-len", "16", "--output-len", "8", "--warmup", "0",
             "--out", str(tmp_path / "r")]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    wait_for_progress(proc, "inflight", 20)
+    wait_for_progress(proc, "static", 20)  # the first strategy: later ones start after 20,000 requests
     proc.send_signal(signal.SIGINT)
     time.sleep(0.05)  # the second Ctrl-C lands while the first one's cleanup runs
     proc.send_signal(signal.SIGINT)

@@ -39,8 +39,11 @@ class PipelineStream(DeviceStream):
 
     def wait(self, work: DeviceWork) -> float:
         t = self.clock.now()
-        for w in work._events:  # the sends, the last stage's tokens, every stage's times
-            w.wait()
+        try:
+            for w in work._events:  # the sends, the last stage's tokens, every stage's times
+                w.wait()
+        except RuntimeError:  # gloo's message names a socket; say which stage, and what happened to it
+            raise RuntimeError(self.engine.what_failed()) from None
         waited = self.clock.now() - t
         times = self.engine.times_of(work.iteration)  # [stages, 3] perf_counter readings
         at = self.clock.at
@@ -63,7 +66,7 @@ class PipelineEngine:
                  num_buffer_sets: int, num_blocks: int, tokens_per_block: int, max_beam: int = 1) -> None:
         if stages > cfg.num_hidden_layers:
             raise ValueError(f"--pp {stages}: the model has only {cfg.num_hidden_layers} layers")
-        self.cfg, self.stages, self.tokens_per_block = cfg, stages, tokens_per_block
+        self.cfg, self.stages, self.tokens_per_block, self.timeout_s = cfg, stages, tokens_per_block, timeout_s
         self.memory = DeviceMemory(torch.device("cpu"), split=False)  # the host's buffers; stages hold the rest
         self.buffer_sets = [BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block,
                                                         cfg.vocab_size, self.memory),
@@ -133,6 +136,12 @@ class PipelineEngine:
     def outputs(self, bufs: BufferSet) -> tuple[list[int], list[int]]:
         out = self._out[bufs.index][:len(bufs.step.rows)].tolist()
         return [t for t, _ in out], [c for _, c in out]
+
+    def what_failed(self) -> str:
+        dead = [(s, p.exitcode) for s, p in enumerate(self.procs) if not p.is_alive()]
+        if dead:
+            return f"pipeline stage {dead[0][0]} exited (code {dead[0][1]})"
+        return f"pipeline: a stage did not answer within --stage-timeout ({self.timeout_s:g} s)"
 
     def shutdown(self) -> None:
         """Stop every stage: a stop message to the ones still listening, then whatever is left is killed."""
