@@ -29,6 +29,20 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """RoPE angles per position, [D/2], in float32 whatever the model dtype, as Hugging Face computes them."""
+    return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
+
+
+@torch.jit.script
+def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [T, 1, D] of each token's position, broadcast over heads."""
+    freqs = positions.float().unsqueeze(1) * inv_freq.float().unsqueeze(0)  # [T, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
+    return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.size(-1) // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -99,8 +113,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         # RoPE angles in float32 whatever the model dtype, exactly as Hugging Face computes them.
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [D/2]
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, kv_index: torch.Tensor,
                 k_pools: torch.Tensor, v_pools: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
@@ -110,10 +123,7 @@ class LlamaModel(nn.Module):
         indices of every key a later context chunk reads; gen_kv [G*K] / gen_mask [1, G, 1, K]: the
         generation rows' pages and the additive mask (0 or -inf) of what each row may see."""
         x = self.embed_tokens(token_ids)  # [T, hidden]
-        freqs = positions.float().unsqueeze(1) * self.inv_freq.float().unsqueeze(0)  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-        cos = emb.cos().to(x.dtype).unsqueeze(1)  # [T, 1, D], broadcast over heads
-        sin = emb.sin().to(x.dtype).unsqueeze(1)
+        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)  # [T, 1, D]
         layer = 0
         for block in self.layers:
             x = block(x, cos, sin, k_pools[layer], v_pools[layer], kv_index, ctx_starts, ctx_lens, ctx_pos0,

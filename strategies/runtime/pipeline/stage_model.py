@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strategies.runtime.model import DecoderLayer, RMSNorm
+from strategies.runtime.model import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
 from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.paged_attention import attention_indices
 
@@ -32,8 +32,7 @@ class StageModel(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(first_layer, end_layer)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size if last else 1, bias=False)
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # [D/2]
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [D/2]
 
     @torch.jit.export
     def step(self, tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
@@ -48,10 +47,7 @@ class StageModel(nn.Module):
         ctx_kv, gen_kv, gen_mask = attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
                                                      num_ctx_tokens, gen_kmax, tokens_per_block, no_beams, 1, k_pools)
         x = self.embed_tokens(tokens[:, 0]) if self.first else hidden_in
-        freqs = positions.float().unsqueeze(1) * self.inv_freq.float().unsqueeze(0)  # [T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
-        cos = emb.cos().to(x.dtype).unsqueeze(1)  # [T, 1, D]
-        sin = emb.sin().to(x.dtype).unsqueeze(1)
+        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)  # [T, 1, D]
         layer = 0
         for block in self.layers:
             x = block(x, cos, sin, k_pools[layer], v_pools[layer], tokens[:, 3], ctx_starts, ctx_lens, ctx_pos0,
