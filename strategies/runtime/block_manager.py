@@ -133,17 +133,21 @@ class BlockManager:
         return self.extra_blocks(slot, num_tokens) <= self.free_blocks
 
     def grow(self, slot: int, num_tokens: int) -> None:
+        n, need = self._held[slot], self.blocks_for(num_tokens)
+        if need <= n:  # every beam already holds the blocks (the common decode step)
+            return
         extra = self.extra_blocks(slot, num_tokens)
         if extra > self.free_blocks:
             raise RuntimeError(f"KV cache: slot {slot} needs {extra} more blocks, {self.free_blocks} free")
-        n, need = self._held[slot], max(self._held[slot], self.blocks_for(num_tokens))
         if need > self.table.shape[1]:
             raise RuntimeError(f"KV cache: slot {slot} would hold {need} blocks, a row has {self.table.shape[1]}")
-        rows, shared = self.tables[slot], self._shared[slot]
-        for i in range(n, need):
-            rows[0, i] = self._allocate()
-            for b in range(1, self._width[slot]):
-                rows[b, i] = rows[0, i] if i < shared else self._allocate()
+        rows, shared = self.tables[slot], self._shared[slot]  # [Kb, MB]
+        rows[0, n:need] = self._allocate(need - n)
+        own = max(n, shared)  # beams > 0 list the shared prompt blocks, then hold their own
+        for b in range(1, self._width[slot]):
+            rows[b, n:own] = rows[0, n:own]
+            if need > own:
+                rows[b, own:need] = self._allocate(need - own)
         self._held[slot] = need
 
     def commit(self, slot: int, r: Request) -> None:
@@ -188,12 +192,15 @@ class BlockManager:
             del self._evictable[block]
         self._ref[block] += 1
 
-    def _allocate(self) -> int:
-        if self._free:
-            block = self._free.popleft()
-        else:  # evict the least recently released cached block
+    def _allocate(self, count: int) -> list[int]:
+        """``count`` blocks, never-cached ones first, then the least recently released cached ones."""
+        free = self._free
+        blocks = [free.popleft() for _ in range(min(count, len(free)))]
+        while len(blocks) < count:  # evict the least recently released cached block
             block, _ = self._evictable.popitem(last=False)
             del self._by_hash[self._hash_of.pop(block)]
             self.evictions += 1
-        self._ref[block] = 1
-        return block
+            blocks.append(block)
+        for block in blocks:
+            self._ref[block] = 1
+        return blocks

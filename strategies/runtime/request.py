@@ -102,29 +102,26 @@ class Request:
     # token of each step, which later steps may reorder away: only the counts mean anything.
     beams: list[tuple[list[int], float]] | None = None
 
+    # Plain attributes fixed at creation, because the scheduler reads them per request per step:
     width: int = field(init=False)  # decoder rows the request occupies: its beams (1 without beam search)
+    prompt_len: int = field(init=False)  # prompt tokens (the claimed count when never built)
+    encoder_len: int = field(init=False)  # encoder input tokens (0 for a decoder-only model)
 
     def __post_init__(self) -> None:
-        self.width = self.sampling.beam_width  # a plain attribute: read per row in the scheduling hot path
+        self.width = self.sampling.beam_width
+        enc = self.encoder_prompt_token_ids
+        self.encoder_len = 0 if enc is None else len(enc)
         if self.prompt_token_ids is None:  # sized from the claim, allocated nothing: it is only rejected
-            self._claimed = int(self.num_prompt_tokens or 0)
+            self.prompt_len = int(self.num_prompt_tokens or 0)
             self._tokens = np.zeros(0, dtype=np.int64)
             self.prompt_token_ids = self._tokens
             return
-        self._claimed = None
         prompt = np.asarray(self.prompt_token_ids, dtype=np.int64)
         # One buffer for prompt and outputs, so a resume after preemption prefills a plain slice.
         self._tokens = np.zeros(len(prompt) + max(self.max_new_tokens, 0), dtype=np.int64)
         self._tokens[: len(prompt)] = prompt
         self.prompt_token_ids = self._tokens[: len(prompt)]
-
-    @property
-    def encoder_len(self) -> int:
-        return 0 if self.encoder_prompt_token_ids is None else len(self.encoder_prompt_token_ids)
-
-    @property
-    def prompt_len(self) -> int:
-        return self._claimed if self._claimed is not None else len(self.prompt_token_ids)
+        self.prompt_len = len(prompt)
 
     @property
     def token_ids(self) -> np.ndarray:
