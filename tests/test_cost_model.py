@@ -6,9 +6,10 @@ import subprocess
 import sys
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from harness.op_profile import fit_op_profile
+from harness.op_profile import fit_op_profile, load_op_tables
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.sim.cost import DTYPE_BYTES, CostModel, DeviceProfile
 from strategies.runtime.sim.specs import MODEL_SPECS
@@ -48,11 +49,33 @@ def test_a_decode_step_streams_the_weights_it_uses_not_the_embedding_table():
 
 
 def test_small_batch_decode_pays_a_kernel_floor_per_layer():
-    """~12 kernels a layer at a few microseconds each: a batch-1 decode of 32 layers cannot take less."""
+    """12 kernels a layer at a few microseconds each: a batch-1 decode of 32 layers cannot take less."""
     p = DeviceProfile.for_gpu("h100")
     fast = replace(p, gpu=replace(p.gpu, mem_bw=1e18, peak_flops=1e21))  # infinitely fast memory and math
     floor = CostModel(SPEC, fast).step_time(BatchWork(1, 1, 512, 512))
-    assert floor >= 32 * (4 * p.gemm_kernel_s + 8 * p.kernel_s)
+    # 4 GEMMs, attention and its KV write, 2 norms, RoPE, the activation, 2 residual adds
+    launches = 4 * p.gemm_kernel_s + 2 * p.kernel_s + sum(
+        n * p.elem_latency(op) for op, n in (("input_layernorm", 1), ("post_attention_layernorm", 1),
+                                            ("attn_rope", 1), ("mlp_act", 1), ("add", 2)))
+    assert launches >= 12 * 1e-6 and floor >= 32 * launches
+
+
+def test_all_reduce_is_fitted_per_gpu_count(vidur_h100):
+    """NCCL's small-message latency on the H100 DGX depends on the communicator (the table's medians up to
+    64 KiB: 21 us on 2 GPUs, 38 us on 4, 31 us on 8); one latency for all counts misses the 2-GPU rows by
+    ~10% (median), one per count fits every count within 5%."""
+    profile, _ = fit_op_profile(vidur_h100, "h100")
+    _, ar = load_op_tables(vidur_h100)
+    small = ar[ar["bytes"] <= 65536].groupby("workers")["measured_s"].median()
+    assert small[2] < small[8] and profile.allreduce_s(4096, 2) < profile.allreduce_s(4096, 8)
+
+    def worst_count(p: DeviceProfile) -> float:
+        pred = np.array([p.allreduce_s(b, n) for n, b in zip(ar["workers"], ar["bytes"], strict=True)])
+        rel = np.abs(pred / ar["measured_s"].to_numpy() - 1)
+        return max(float(np.median(rel[(ar["workers"] == n).to_numpy()])) for n in (2, 4, 8))
+
+    assert worst_count(profile) <= 0.05
+    assert worst_count(replace(profile, allreduce_by_workers=None)) > 0.05  # the shared fit alone
 
 
 def test_the_dtype_comes_from_the_spec_and_dtype_overrides_it(tmp_path):
@@ -85,13 +108,16 @@ def test_step_cost_prints_phases_that_add_up():
 
 
 def test_fit_to_vidur_h100_tables(vidur_h100, tmp_path):
-    """The fitted profile predicts H100 kernels better than the datasheet in every class, each within 10%
-    (median); written, it loads and simulates."""
+    """The fitted profile predicts H100 kernels better than the datasheet in every class (median error:
+    seen 5.9%, 5.1%, 3.3%; before per-kernel latencies, per-GPU-count all-reduces and the robust fit
+    6.6%, 6.9%, 6.7%); the datasheet is within 10% on GEMMs and element-wise kernels (seen 9.1%, 6.8%;
+    12.1% and 15.9% with max() and one shared latency). Written, the profile loads and simulates."""
     profile, stats = fit_op_profile(vidur_h100, "h100")
     sheet, fitted = stats["median_error_datasheet"], stats["median_error_fitted"]
     assert set(fitted) == {"linear", "elementwise", "all_reduce"}
-    for kind in fitted:
-        assert fitted[kind] <= 0.10 and fitted[kind] < sheet[kind], (kind, fitted, sheet)
+    for kind, bound in (("linear", 0.06), ("elementwise", 0.06), ("all_reduce", 0.05)):
+        assert fitted[kind] <= bound and fitted[kind] < sheet[kind], (kind, fitted, sheet)
+    assert sheet["linear"] <= 0.10 and sheet["elementwise"] <= 0.10, sheet
     out = tmp_path / "p.json"
     p = cli("calibrate", "--op-profile", str(vidur_h100), "--gpu", "h100", "--out", str(out))
     assert p.returncode == 0, p.stderr

@@ -6,9 +6,9 @@ profile fitted to those tables. Attention and the LM head are not in the tables 
 
 Prints the table; asserts a median error within 10% for both profiles (the datasheet's goal). The
 fitted profile's goal (5%) is printed beside its figure, not asserted: it was fitted to single kernels
-with equal weight, and whole steps are dominated by the large GEMMs (seen: datasheet 4.1%, fitted
-5.7%; the datasheet misses decode at batch 256 by 25%, where the measured GEMMs jump 44% from batch
-128, the fitted smooth roofline is 11-15% high on mid-size prefills).
+with equal weight, and whole steps are dominated by the large GEMMs (seen: datasheet 6.1%, fitted
+6.5%; both 11-13% high on 512-2048-token prefills, 17% low on TP-4 decode at batch 32, whose 64 small
+all-reduces scatter most in the tables; docs/simulator.md).
 """
 
 import numpy as np

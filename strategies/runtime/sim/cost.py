@@ -66,12 +66,14 @@ BART_DECODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i:
 BART_ENCODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i: (h, i), lambda h, i: (i, h))
 EMBEDDING_ELEMENTS = 2  # per token and hidden unit: the row read, the activation written
 ATTENTION_KERNELS_PER_LAYER = 2  # attention itself and the KV-cache write
-# Achieved / peak bandwidth of each element-wise kernel and of the embedding gather. They differ by 4x on
-# one GPU (a residual add streams; an RMSNorm reduces in float32; a gather is scattered). These defaults
-# were read off the H100 tables in ../shared/profiles, so they are in-sample there (docs/simulator.md).
-ELEM_EFF_DEFAULTS = {"input_layernorm": 0.3, "post_attention_layernorm": 0.3, "attn_rope": 0.5, "mlp_act": 0.6,
-                     "add": 0.9, "emb": 0.2}
-
+# Achieved / peak bandwidth of each element-wise kernel and of the embedding gather, and each one's latency
+# floor. They differ by 5x on one GPU (a residual add streams; an RMSNorm reduces in float32, block by
+# block; a gather is scattered). These defaults were read off the H100 tables in ../shared/profiles, so
+# they are in-sample there; on A100 tables they are not (docs/simulator.md has both).
+ELEM_EFF_DEFAULTS = {"input_layernorm": 0.45, "post_attention_layernorm": 0.45, "attn_rope": 0.5, "mlp_act": 0.55,
+                     "add": 1.0, "emb": 0.2}
+ELEM_KERNEL_S_DEFAULTS = {"input_layernorm": 2.5e-6, "post_attention_layernorm": 2.5e-6, "attn_rope": 1.5e-6,
+                          "mlp_act": 1.5e-6, "add": 1e-6, "emb": 2.5e-6}
 
 def model_shapes(spec: ModelConfig) -> tuple[int, int, int, int]:
     """(hidden, query width, KV width, intermediate): what the kernel tables above are functions of."""
@@ -107,16 +109,23 @@ class DeviceProfile:
     # per element-wise kernel (and "emb"): achieved / peak bandwidth; a single number sets them all
     elem_eff_bw: dict[str, float] = field(default_factory=lambda: dict(ELEM_EFF_DEFAULTS))
     kernel_s: float = 2e-6  # latency floor of every other kernel (~8 a layer): what small-batch decode pays
+    # per element-wise kernel (and "emb"): its own latency floor (a norm's block-wide reduction costs
+    # it twice an add's); None: kernel_s for each
+    elem_kernel_s: dict[str, float] | None = field(default_factory=lambda: dict(ELEM_KERNEL_S_DEFAULTS))
     overhead_s: float = 30e-6  # per step: launches, synchronisation
     row_overhead_s: float = 0.0  # per sampled row: what FLOPs and bytes miss (small-batch GEMMs on a CPU)
     allreduce_latency_s: float = 30e-6  # per all-reduce (NCCL on an H100 DGX: 7-40 us for small messages)
     link_eff: float = 0.7  # achieved / peak link bandwidth in a ring all-reduce
+    # where fitted, per number of GPUs ("2", "4", "8"): [latency s, link efficiency] of their all-reduce, as
+    # NCCL picks its algorithm by communicator size (H100 DGX: 18 us on 2 GPUs, 30 us on 8); other counts
+    # use the two above
+    allreduce_by_workers: dict[str, list[float]] | None = None
     launch_latency_s: float = 0.0  # from launch (or the previous step's end) to the device starting
     sync_latency_s: float = 0.0  # from the device finishing to a waiting host seeing it
     # "max": within a kernel, compute and memory traffic overlap (a GPU roofline); "sum": they do not
     # (what calibration finds on a CPU, where small-batch GEMMs lose efficiency a max() cannot express);
     # "smooth": (compute^k + memory^k)^(1/k), between the two near the ridge, as measured GEMMs are.
-    combine: str = "max"
+    combine: str = "smooth"  # measured GEMMs near the ridge are slower than max() (H100 and A100 tables)
     ridge_k: float = 2.0  # the exponent of "smooth"
     source: str = "datasheet"  # or what it was fitted to
 
@@ -125,8 +134,15 @@ class DeviceProfile:
             object.__setattr__(self, "elem_eff_bw", dict.fromkeys(ELEM_EFF_DEFAULTS, float(self.elem_eff_bw)))
         elif set(self.elem_eff_bw) != set(ELEM_EFF_DEFAULTS):
             raise ValueError(f"device profile: elem_eff_bw needs {sorted(ELEM_EFF_DEFAULTS)}")
-        effs = (self.eff_flops, self.eff_bw, self.attn_eff_flops, self.link_eff, *self.elem_eff_bw.values())
-        lats = (self.overhead_s, self.row_overhead_s, self.kernel_s, self.gemm_kernel_s, self.allreduce_latency_s)
+        if self.elem_kernel_s is not None and set(self.elem_kernel_s) != set(ELEM_EFF_DEFAULTS):
+            raise ValueError(f"device profile: elem_kernel_s needs {sorted(ELEM_EFF_DEFAULTS)}")
+        by_workers = list((self.allreduce_by_workers or {}).values())
+        if not all(len(v) == 2 for v in by_workers):
+            raise ValueError("device profile: allreduce_by_workers maps a GPU count to [latency_s, link_eff]")
+        effs = (self.eff_flops, self.eff_bw, self.attn_eff_flops, self.link_eff, *self.elem_eff_bw.values(),
+                *(e for _, e in by_workers))
+        lats = (self.overhead_s, self.row_overhead_s, self.kernel_s, self.gemm_kernel_s, self.allreduce_latency_s,
+                *(self.elem_kernel_s or {}).values(), *(lat for lat, _ in by_workers))
         if not all(0 < e <= 1.5 for e in effs) or min(lats) < 0:
             raise ValueError(f"device profile: efficiencies must be in (0, 1.5], latencies >= 0 ({self})")
         if self.combine not in ("max", "sum", "smooth"):
@@ -138,9 +154,18 @@ class DeviceProfile:
     def for_gpu(cls, name: str) -> DeviceProfile:
         if name not in GPUS:
             raise ValueError(f"--gpu {name!r}: expected one of {', '.join(GPUS)}")
-        if name == "cpu":  # no kernel-launch floors: calibration fits overheads and efficiencies
-            return cls(GPUS[name], kernel_s=0.0, gemm_kernel_s=0.0)
+        if name == "cpu":  # no kernel-launch floors: calibration fits overheads, efficiencies, combination
+            return cls(GPUS[name], kernel_s=0.0, gemm_kernel_s=0.0, elem_kernel_s=None, combine="max")
         return cls(GPUS[name])
+
+    def elem_latency(self, op: str) -> float:
+        """Latency floor of one launch of element-wise kernel ``op`` (or ``emb``)."""
+        return self.kernel_s if self.elem_kernel_s is None else self.elem_kernel_s[op]
+
+    def allreduce_s(self, nbytes: float, workers: int) -> float:
+        """One ring all-reduce of ``nbytes`` over ``workers`` GPUs."""
+        lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
+        return lat + ring_allreduce_bytes(nbytes, workers) / (self.gpu.link_bw * eff)
 
     def roofline(self, flops: float, nbytes: float, eff_flops: float, eff_bw: float) -> float:
         compute = flops / (self.gpu.peak_flops * eff_flops)
@@ -209,9 +234,9 @@ class CostModel:
                 Term("attention", pair_flops * decode_pairs, kv * decode_kv, p.attn_eff_flops, p.eff_bw, 0.0, layers),
                 Term("attention", 0.0, 0.0, 1.0, 1.0, p.kernel_s, ATTENTION_KERNELS_PER_LAYER * layers)]
         out += [Term("elementwise", 0.0, elementwise_bytes(op, w.tokens, self.shapes, tp, b), 1.0,
-                     p.elem_eff_bw[op], p.kernel_s, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+                     p.elem_eff_bw[op], p.elem_latency(op), n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
         out.append(Term("embedding", 0.0, elementwise_bytes("emb", w.tokens, self.shapes, tp, b), 1.0,
-                        p.elem_eff_bw["emb"], p.kernel_s, 1))
+                        p.elem_eff_bw["emb"], p.elem_latency("emb"), 1))
         head_flops, head_bytes = gemm_work(w.samples, s.hidden_size, s.vocab_size, tp, b)
         out.append(Term("lm_head", head_flops, head_bytes + w.samples * s.vocab_size * 4 / tp,  # float32 logits
                         p.eff_flops, p.eff_bw, p.gemm_kernel_s, 1))
@@ -236,7 +261,7 @@ class CostModel:
         out.append(Term("encoder", 4 * s.num_attention_heads * s.head_dim / tp * w.encoder_attention_pairs,
                         kv * w.encoder_tokens, p.attn_eff_flops, p.eff_bw, p.kernel_s, layers))
         out += [Term("encoder", 0.0, elementwise_bytes(op, w.encoder_tokens, self.shapes, tp, b), 1.0,
-                     p.elem_eff_bw[op], p.kernel_s, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+                     p.elem_eff_bw[op], p.elem_latency(op), n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
         return out
 
     def phases(self, w: BatchWork) -> dict[str, float]:
@@ -246,15 +271,14 @@ class CostModel:
         for t in self.terms(w):
             secs[t.phase] += t.seconds(p)
         if tp > 1:  # two per layer (attention and MLP outputs)
-            ring = ring_allreduce_bytes(w.tokens * s.hidden_size * self.dtype_bytes, tp)
-            secs["communication"] = 2 * s.num_hidden_layers * (p.allreduce_latency_s
-                                                                + ring / (p.gpu.link_bw * p.link_eff))
+            nbytes = w.tokens * s.hidden_size * self.dtype_bytes  # the layer's output activations
+            secs["communication"] = 2 * s.num_hidden_layers * p.allreduce_s(nbytes, tp)
         secs["overhead"] = p.overhead_s + p.row_overhead_s * w.samples
         if self.encoder_gemms:
             secs["encoder"] = sum(t.seconds(p) for t in self.encoder_terms(w))
             if tp > 1 and w.encoder_tokens:
-                ring = ring_allreduce_bytes(w.encoder_tokens * s.hidden_size * self.dtype_bytes, tp)
-                secs["encoder"] += 2 * s.encoder_layers * (p.allreduce_latency_s + ring / (p.gpu.link_bw * p.link_eff))
+                nbytes = w.encoder_tokens * s.hidden_size * self.dtype_bytes
+                secs["encoder"] += 2 * s.encoder_layers * p.allreduce_s(nbytes, tp)
         return secs
 
     def stage_times(self, w: BatchWork, stages: int) -> tuple[list[float], float]:
