@@ -132,6 +132,10 @@ def run_suite(path: Path, out: Path | None, *, force: bool = False, progress: bo
     if capacity is not None:  # a search over request rate instead of the listed runs (harness/capacity.py)
         from harness.capacity import CapacitySpec, capacity_search
 
+        if (repeats or file_repeats) > 1:  # each rate is evaluated once: repeats would be silently ignored
+            raise UserError(f"{path}: a [capacity] search evaluates each rate once; repeats "
+                            f"({repeats or file_repeats}) cannot be used with it")
+
         spec = CapacitySpec.from_mapping(capacity, str(path))
         out = open_out(out or Path("runs") / name, force, resume)
         return capacity_search(name, str(path), configs, spec, out, ray_address=ray_address, progress=progress,

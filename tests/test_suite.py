@@ -28,6 +28,18 @@ def test_unknown_keys_are_named(tmp_path):
         load_suite(write(tmp_path, "[defaults\n"))
 
 
+def test_capacity_search_refuses_repeats(tmp_path):
+    """A capacity search evaluates each rate once, so repeats (in the file or on the command line) are
+    refused with one line instead of being ignored."""
+    cap = '[defaults]\nmodel = "tiny"\n[capacity]\ngoodput = ["ttft:300"]\n'
+    for text, args in ((f"repeats = 3\n{cap}", []), (cap, ["--repeats", "2"])):
+        p = subprocess.run([sys.executable, "-m", "harness.cli", "suite", str(write(tmp_path, text)), "--out",
+                            str(tmp_path / "out"), "--force", "--no-progress", *args],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and "repeats" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+        assert not (tmp_path / "out" / "suite.json").exists()
+
+
 def test_sweep_and_runs_expand(tmp_path):
     name, baseline, repeats, runs, capacity = load_suite(write(
         tmp_path, 'name = "x"\nbaseline = "inflight"\n[defaults]\nmodel = "tiny"\n[sweep]\nrequest_rate = [1.0, 2.0]\n'
