@@ -75,6 +75,7 @@ ELEM_EFF_DEFAULTS = {"input_layernorm": 0.45, "post_attention_layernorm": 0.45, 
 ELEM_KERNEL_S_DEFAULTS = {"input_layernorm": 2.5e-6, "post_attention_layernorm": 2.5e-6, "attn_rope": 1.5e-6,
                           "mlp_act": 1.5e-6, "add": 1e-6, "emb": 2.5e-6}
 
+
 def model_shapes(spec: ModelConfig) -> tuple[int, int, int, int]:
     """(hidden, query width, KV width, intermediate): what the kernel tables above are functions of."""
     return (spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim,
@@ -110,7 +111,7 @@ class DeviceProfile:
     elem_eff_bw: dict[str, float] = field(default_factory=lambda: dict(ELEM_EFF_DEFAULTS))
     kernel_s: float = 2e-6  # latency floor of every other kernel (~8 a layer): what small-batch decode pays
     # per element-wise kernel (and "emb"): its own latency floor (a norm's block-wide reduction costs
-    # it twice an add's); None: kernel_s for each
+    # it more than twice an add's); None: kernel_s for each
     elem_kernel_s: dict[str, float] | None = field(default_factory=lambda: dict(ELEM_KERNEL_S_DEFAULTS))
     overhead_s: float = 30e-6  # per step: launches, synchronisation
     row_overhead_s: float = 0.0  # per sampled row: what FLOPs and bytes miss (small-batch GEMMs on a CPU)
