@@ -203,3 +203,17 @@ def test_simulated_pipeline_bubbles_as_pipeline_theory_says(tmp_path):
     assert abs(out[1]["pipeline_bubble_fraction"] - 0.75) < 0.05
     assert out[4]["pipeline_bubble_fraction"] < 0.4
     assert out[4]["output_throughput"] > 1.5 * out[1]["output_throughput"]
+
+
+def test_pipeline_on_cuda_is_refused_with_one_line(monkeypatch):
+    """The stages run on gloo only: asked for CUDA (on a machine that has it), the options refuse at once
+    instead of starting stage processes that would compute on the CPU."""
+    import torch
+
+    from harness.errors import UserError
+    from harness.options import RunOptions
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    RunOptions(strategies=("inflight",), device="cuda")  # CUDA itself passes the check here
+    with pytest.raises(UserError, match="pipeline: the stage processes run on the CPU"):
+        RunOptions(strategies=("inflight", "pipeline"), device="cuda:0")
