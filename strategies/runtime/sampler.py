@@ -42,18 +42,24 @@ def filter_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     removed tokens become -inf. scaled [B, V] (temperature applied); per-row parameters [B], where
     top_k 0, top_p 1 and min_p 0 disable a filter."""
     vocab = scaled.size(1)
-    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)  # [B, V]
-    ranks = torch.arange(vocab, device=scaled.device).unsqueeze(0)  # [1, V]
+    # Ascending, as HF's TopP sorts: its softmax and cumulative sum then run over the same array in the
+    # same order, so borderline tokens agree to the bit.
+    ascending = torch.sort(scaled, dim=-1)[0]  # [B, V]
+    pos = torch.arange(vocab, device=scaled.device).unsqueeze(0)  # [1, V] rank from the least likely
     k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab)).unsqueeze(1)  # [B, 1]
-    remove = ranks >= k
-    probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)  # [B, V] over top-k survivors
+    remove = pos < vocab - k  # [B, V] below the k most likely
+    probs = torch.softmax(ascending.masked_fill(remove, float("-inf")), dim=-1)  # [B, V] over top-k survivors
     # HF's TopP: drop tokens whose cumulative mass, summed from the least likely up, is <= 1 - top_p; the
-    # most likely token always stays. Summed in that order, as HF does, so borderline tokens agree.
-    tail = torch.flip(torch.cumsum(torch.flip(probs, [1]), dim=-1), [1])  # [B, V] mass at or below each token
-    remove = remove | ((tail <= (1.0 - top_p).unsqueeze(1)) & (ranks > 0))
+    # most likely token always stays.
+    remove = remove | ((probs.cumsum(dim=-1) <= (1.0 - top_p).unsqueeze(1)) & (pos < vocab - 1))
     # MinP compares to the most likely token: a ratio, so the renormalisation after top-p does not move it.
-    remove = remove | (probs < (min_p * probs[:, 0]).unsqueeze(1))
-    return torch.empty_like(scaled).scatter_(1, order, sorted_logits.masked_fill(remove, float("-inf")))
+    remove = remove | (probs < (min_p * probs[:, -1]).unsqueeze(1))
+    # Each filter removes the least likely end of the sorted row, so the survivors are the tokens at or
+    # above the least likely one kept: a threshold per row, applied in vocabulary order (no scatter of
+    # the sorted row back).
+    removed = remove.sum(dim=-1, keepdim=True)  # [B, 1] <= V - 1: the most likely token always stays
+    threshold = ascending.gather(1, removed)  # [B, 1]
+    return scaled.masked_fill(scaled < threshold, float("-inf"))
 
 
 @torch.jit.script
