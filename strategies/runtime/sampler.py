@@ -56,7 +56,7 @@ def filter_logits(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
     remove = remove | (probs < (min_p * probs[:, -1]).unsqueeze(1))
     # Each filter removes the least likely end of the sorted row, so the survivors are the tokens at or
     # above the least likely one kept: a threshold per row, applied in vocabulary order (no scatter of
-    # the sorted row back).
+    # the sorted row back). A token tied with that one stays too, as HF's top-k keeps ties.
     removed = remove.sum(dim=-1, keepdim=True)  # [B, 1] <= V - 1: the most likely token always stays
     threshold = ascending.gather(1, removed)  # [B, 1]
     return scaled.masked_fill(scaled < threshold, float("-inf"))
