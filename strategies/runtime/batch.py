@@ -35,6 +35,7 @@ class BatchWork:
     context_tokens: int = 0
     context_kv_read_tokens: int = 0
     context_attention_pairs: int = 0
+    context_chunks: int = 0  # prefill attention runs thread blocks per chunk (0 with context tokens: one)
     # Encoder–decoder models: the encode piece's tokens and (non-causal) pairs; the cross-attention KV the
     # decoder's tokens read (a chunk reads its request's encoder output once, a row too) and their pairs.
     encoder_tokens: int = 0
@@ -113,7 +114,7 @@ class ScheduledBatch:
             pairs += w * (g.position + 1)
         samples = sum(c.request.width for c in self.context if c.samples) + rows
         work = BatchWork(self.num_context_tokens + rows, samples, kv, pairs, self.num_context_tokens, ctx_kv,
-                         ctx_pairs)
+                         ctx_pairs, len(self.context))
         first = (self.context or self.generation)[0].request if self else None
         return self._encoder_work(work) if first is not None and first.encoder_len else work
 

@@ -7,7 +7,8 @@ would let decode attention's memory traffic hide behind the GEMMs' FLOPs, which 
 - ``linear``: the layers' four GEMMs; FLOPs 2 × tokens × weight size, bytes the weights once per step
   plus the activations in and out.
 - ``attention``: prefill (context chunks; compute-bound) and decode (generation rows; memory-bound)
-  priced apart; FLOPs 4 × heads × head dim per (query, key) pair, bytes the KV read and written.
+  priced apart, as thread blocks in rounds over the GPU's SMs (sim/attention.py); on a CPU a roofline of
+  4 × heads × head dim FLOPs per (query, key) pair and the KV bytes read and written.
 - ``elementwise``: two RMSNorms, RoPE, the gated activation, two residual adds; bytes only, each kernel
   its own bandwidth efficiency, plus a launch latency that dominates small batches.
 - ``embedding``: a gather of the batch's rows (not the whole table).
@@ -38,6 +39,7 @@ from pathlib import Path
 
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.sim.attention import decode_attention_s, prefill_attention_s
 from strategies.runtime.sim.specs import GPUS, GpuSpec
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
@@ -65,7 +67,6 @@ BART_DECODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i:
                       lambda h, i: (h, i), lambda h, i: (i, h))
 BART_ENCODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i: (h, i), lambda h, i: (i, h))
 EMBEDDING_ELEMENTS = 2  # per token and hidden unit: the row read, the activation written
-ATTENTION_KERNELS_PER_LAYER = 2  # attention itself and the KV-cache write
 # Achieved / peak bandwidth of each element-wise kernel and of the embedding gather, and each one's latency
 # floor. They differ by 5x on one GPU (a residual add streams; an RMSNorm reduces in float32, block by
 # block; a gather is scattered). These defaults were read off the H100 tables in ../shared/profiles, so
@@ -106,7 +107,16 @@ class DeviceProfile:
     eff_flops: float = 0.7  # GEMMs (linear, LM head): achieved / peak FLOP/s
     eff_bw: float = 0.8  # GEMMs' weight streaming and attention's KV: achieved / peak bandwidth
     gemm_kernel_s: float = 4e-6  # latency floor of one GEMM
-    attn_eff_flops: float = 0.5  # prefill attention's FLOP/s / peak
+    # Attention, as thread blocks in rounds over the SMs (sim/attention.py; fitted to Vidur's A100
+    # FlashAttention-2 table, so in-sample on A100 and assumed elsewhere). Without SMs (a CPU), a roofline
+    # of attn_eff_flops and eff_bw.
+    attn_eff_flops: float = 0.34  # prefill: achieved / peak FLOP/s with every SM busy
+    prefill_block_flops: float = 0.49  # prefill: one thread block's FLOP/s / an SM's share of the peak
+    prefill_block_s: float = 46e-6  # prefill: one thread block's fixed cost
+    attn_eff_bw: float = 0.97  # decode: achieved / peak bandwidth with every SM busy
+    attn_block_bw: float = 0.65  # decode: one thread block's bandwidth / an SM's share of the peak
+    attn_block_s: float = 4.7e-6  # decode: one thread block's fixed cost (set-up, softmax, write-out)
+    attn_kernel_s: float = 2e-6  # the attention kernel's launch floor (fitted to FlashInfer's decode: ~15 us)
     # per element-wise kernel (and "emb"): achieved / peak bandwidth; a single number sets them all
     elem_eff_bw: dict[str, float] = field(default_factory=lambda: dict(ELEM_EFF_DEFAULTS))
     kernel_s: float = 2e-6  # latency floor of every other kernel (~8 a layer): what small-batch decode pays
@@ -140,10 +150,11 @@ class DeviceProfile:
         by_workers = list((self.allreduce_by_workers or {}).values())
         if not all(len(v) == 2 for v in by_workers):
             raise ValueError("device profile: allreduce_by_workers maps a GPU count to [latency_s, link_eff]")
-        effs = (self.eff_flops, self.eff_bw, self.attn_eff_flops, self.link_eff, *self.elem_eff_bw.values(),
-                *(e for _, e in by_workers))
+        effs = (self.eff_flops, self.eff_bw, self.attn_eff_flops, self.prefill_block_flops, self.attn_eff_bw,
+                self.attn_block_bw, self.link_eff, *self.elem_eff_bw.values(), *(e for _, e in by_workers))
         lats = (self.overhead_s, self.row_overhead_s, self.kernel_s, self.gemm_kernel_s, self.allreduce_latency_s,
-                *(self.elem_kernel_s or {}).values(), *(lat for lat, _ in by_workers))
+                self.prefill_block_s, self.attn_block_s, self.attn_kernel_s, *(self.elem_kernel_s or {}).values(),
+                *(lat for lat, _ in by_workers))
         if not all(0 < e <= 1.5 for e in effs) or min(lats) < 0:
             raise ValueError(f"device profile: efficiencies must be in (0, 1.5], latencies >= 0 ({self})")
         if self.combine not in ("max", "sum", "smooth"):
@@ -156,7 +167,8 @@ class DeviceProfile:
         if name not in GPUS:
             raise ValueError(f"--gpu {name!r}: expected one of {', '.join(GPUS)}")
         if name == "cpu":  # no kernel-launch floors: calibration fits overheads, efficiencies, combination
-            return cls(GPUS[name], kernel_s=0.0, gemm_kernel_s=0.0, elem_kernel_s=None, combine="max")
+            return cls(GPUS[name], kernel_s=0.0, gemm_kernel_s=0.0, attn_kernel_s=0.0, elem_kernel_s=None,
+                       combine="max")
         return cls(GPUS[name])
 
     def elem_latency(self, op: str) -> float:
@@ -228,12 +240,22 @@ class CostModel:
                for r, c in self.gemms]
         pair_flops = 4 * s.num_attention_heads * s.head_dim / tp  # per (query, key) pair and layer
         kv = self.kv_bytes_per_token / layers / tp  # per token and layer
-        decode_pairs = w.attention_pairs - w.context_attention_pairs
         decode_kv = w.kv_read_tokens - w.context_kv_read_tokens + w.tokens - w.context_tokens  # read + written
-        out += [Term("attention", pair_flops * w.context_attention_pairs,
-                     kv * (w.context_kv_read_tokens + w.context_tokens), p.attn_eff_flops, p.eff_bw, 0.0, layers),
-                Term("attention", pair_flops * decode_pairs, kv * decode_kv, p.attn_eff_flops, p.eff_bw, 0.0, layers),
-                Term("attention", 0.0, 0.0, 1.0, 1.0, p.kernel_s, ATTENTION_KERNELS_PER_LAYER * layers)]
+        if p.gpu.sms:  # thread blocks in rounds, priced per layer (sim/attention.py)
+            heads, kv_heads = max(1, s.num_attention_heads // tp), max(1, s.num_key_value_heads // tp)
+            prefill = prefill_attention_s(p, w.context_chunks, w.context_tokens, w.context_kv_read_tokens, heads,
+                                          s.head_dim)
+            decode = decode_attention_s(p, w.tokens - w.context_tokens, decode_kv, kv_heads, s.head_dim, b)
+            out += [Term("attention", 0.0, 0.0, 1.0, 1.0, prefill, layers),
+                    Term("attention", 0.0, 0.0, 1.0, 1.0, decode, layers)]
+        else:
+            decode_pairs = w.attention_pairs - w.context_attention_pairs
+            out += [Term("attention", pair_flops * w.context_attention_pairs,
+                         kv * (w.context_kv_read_tokens + w.context_tokens), p.attn_eff_flops, p.eff_bw, 0.0, layers),
+                    Term("attention", pair_flops * decode_pairs, kv * decode_kv, p.attn_eff_flops, p.eff_bw, 0.0,
+                         layers)]
+        out += [Term("attention", 0.0, 0.0, 1.0, 1.0, p.attn_kernel_s, layers),  # the attention kernel's launch
+                Term("attention", 0.0, 0.0, 1.0, 1.0, p.kernel_s, layers)]  # the KV-cache write's
         out += [Term("elementwise", 0.0, elementwise_bytes(op, w.tokens, self.shapes, tp, b), 1.0,
                      p.elem_eff_bw[op], p.elem_latency(op), n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
         out.append(Term("embedding", 0.0, elementwise_bytes("emb", w.tokens, self.shapes, tp, b), 1.0,

@@ -46,13 +46,16 @@ class GpuSpec:
     mem_bw: float  # bytes/s
     mem_bytes: float  # device memory
     link_bw: float  # bytes/s per direction between GPUs (NVLink; PCIe for L40S)
+    # streaming multiprocessors: attention runs thread blocks on them in rounds (0: priced as a plain
+    # roofline, as on a CPU)
+    sms: int = 0
 
 
 GPUS: dict[str, GpuSpec] = {
-    "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9),
-    "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9),
-    "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9),
-    "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9),
+    "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9, 108),
+    "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9, 132),
+    "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9, 132),
+    "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9, 142),
     # This machine's CPU as a "device": nominal figures; `slotbench calibrate` fits the efficiencies.
     "cpu": GpuSpec("cpu", 100e9, 20e9, 24e9, float("inf")),
 }

@@ -1,0 +1,73 @@
+"""Attention on a GPU: thread blocks in rounds over the streaming multiprocessors (SMs).
+
+A roofline over a step's attention bytes or FLOPs assumes every SM busy. FlashAttention-style kernels
+launch one thread block per (sequence, KV head) in decode and per (128-query tile, head) in prefill, one
+block per SM at a time here: with few blocks SMs idle, a last partial round runs each of its blocks at
+most at what one block can draw, and every block pays a fixed cost (set-up, softmax, write-out) that KV
+bytes do not show. Vidur's measured A100 table for Llama-2-7B (FlashAttention-2) shows all three: decode
+at 32 cached tokens costs ~1.2 us per sequence whatever its bytes, a batch of 7 x 2,432 tokens takes 1.6x
+a batch of 6 (224 blocks: a third round on 108 SMs), and 128 x 2,368 reaches ~97% of peak bandwidth.
+Prefill prices each round by its slowest block: the causal chunk's last tile, which attends to every key
+of its context. The profile's parameters were fitted to that table (docs/simulator.md has the figures).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from strategies.runtime.sim.cost import DeviceProfile
+
+Q_TILE = 128  # queries per prefill thread block
+KV_TILE = 128  # keys per split unit of a decode sequence
+
+
+def kv_splits(blocks: int, kv_tiles: int, sms: int) -> int:
+    """How many parts each decode sequence's KV is split into, after FlashAttention-2's heuristic: none
+    when the blocks fill 80% of the SMs, else the fewest parts whose rounds are at least 85% as full as
+    the best split's."""
+    if blocks >= 0.8 * sms:
+        return 1
+    fill = [blocks * s / sms / math.ceil(blocks * s / sms) for s in range(1, max(1, min(sms, kv_tiles, 128)) + 1)]
+    best = max(fill)
+    return next(s for s, f in enumerate(fill, 1) if f >= 0.85 * best)
+
+
+def rounds_s(blocks: int, work: float, sms: int, full_rate: float, block_rate: float, block_s: float) -> float:
+    """Seconds for ``blocks`` equal thread blocks of ``work`` (bytes or FLOPs) each, one per SM at a time:
+    full rounds share ``full_rate`` across the SMs; a partial round of k blocks runs each at
+    min(``block_rate``, full_rate / k). Each block's fixed cost and its transfer or math partly overlap
+    (their root sum of squares: the fit to the measured table, between their sum and their max)."""
+    full, tail = divmod(blocks, sms)
+    secs = full * math.hypot(block_s, work * sms / full_rate)
+    if tail:
+        secs += math.hypot(block_s, work / min(block_rate, full_rate / tail))
+    return secs
+
+
+def decode_attention_s(p: DeviceProfile, rows: int, kv_tokens: float, kv_heads: int, head_dim: int,
+                       dtype_bytes: int) -> float:
+    """One layer's decode attention on one rank: ``rows`` sequences reading ``kv_tokens`` KV entries in
+    all (their contexts and the tokens written this step), ``kv_heads`` KV heads each."""
+    if not rows:
+        return 0.0
+    sms, blocks = p.gpu.sms, rows * kv_heads
+    splits = kv_splits(blocks, math.ceil(kv_tokens / rows / KV_TILE), sms)
+    work = kv_tokens / rows * 2 * head_dim * dtype_bytes / splits  # K and V bytes per block (one head)
+    bw = p.gpu.mem_bw
+    return rounds_s(blocks * splits, work, sms, bw * p.attn_eff_bw, bw / sms * p.attn_block_bw, p.attn_block_s)
+
+
+def prefill_attention_s(p: DeviceProfile, chunks: int, tokens: int, context_tokens: float, heads: int,
+                        head_dim: int) -> float:
+    """One layer's prefill attention on one rank: ``chunks`` chunks of ``tokens`` queries in all, whose
+    contexts (cached tokens plus the chunk itself) hold ``context_tokens`` keys in all, ``heads`` heads."""
+    if not tokens:
+        return 0.0
+    chunks = max(chunks, 1)
+    sms, blocks = p.gpu.sms, chunks * math.ceil(tokens / chunks / Q_TILE) * heads
+    work = Q_TILE * context_tokens / chunks * 4 * head_dim  # the slowest block: a tile against every key
+    peak = p.gpu.peak_flops
+    return rounds_s(blocks, work, sms, peak * p.attn_eff_flops, peak / sms * p.prefill_block_flops,
+                    p.prefill_block_s)

@@ -1,0 +1,89 @@
+"""The simulated device's attention (sim/attention.py) against measured A100 attention kernels: a sample of
+Vidur's published tables in tests/data/vidur_a100_attention.csv (its header says where from)."""
+
+import csv
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from strategies.runtime.batch import BatchWork
+from strategies.runtime.sim.attention import decode_attention_s, kv_splits, prefill_attention_s
+from strategies.runtime.sim.cost import CostModel, DeviceProfile
+from strategies.runtime.sim.specs import MODEL_SPECS
+
+TABLE = Path(__file__).parent / "data" / "vidur_a100_attention.csv"
+A100 = DeviceProfile.for_gpu("a100")
+ROOFLINE = replace(A100, gpu=replace(A100.gpu, sms=0))  # the same profile priced as a plain roofline
+HEADS, HEAD_DIM, BF16 = 32, 128, 2
+KV_HEADS = {"llama-2-7b": 32, "llama-3-8b": 8}
+
+
+def measured(model: str, kind: str) -> list[tuple[int, int, int, float]]:
+    lines = [line for line in TABLE.read_text().splitlines() if not line.startswith("#")]
+    return [(int(r["batch"]), int(r["chunk"]), int(r["kv"]), float(r["ms"]) * 1e-3)
+            for r in csv.DictReader(lines) if r["model"] == model and r["kind"] == kind]
+
+
+def one_layer(p: DeviceProfile, model: str, batch: int, chunk: int, kv: int) -> float:
+    """One layer's attention kernel as the cost model prices it inside a step: the rows' or chunk's share
+    of the attention terms and the attention kernel's launch (Vidur times the KV write apart)."""
+    if chunk:  # one chunk of `chunk` queries after kv cached tokens
+        w = BatchWork(chunk, 1, kv + chunk, 0, chunk, kv + chunk, chunk * kv + chunk * (chunk + 1) // 2, 1)
+    else:  # a row at position kv reads kv + 1 entries (its context and itself)
+        w = BatchWork(batch, batch, batch * (kv + 1), batch * (kv + 1))
+    spec = replace(MODEL_SPECS["llama-3-8b"], num_key_value_heads=KV_HEADS[model])  # 32 heads of 128
+    cm = CostModel(spec, p)
+    terms = [t for t in cm.terms(w) if t.phase == "attention"]
+    return sum(t.seconds(p) for t in terms[:-2]) / spec.num_hidden_layers + p.attn_kernel_s
+
+
+def median_error(p: DeviceProfile, model: str, kind: str) -> float:
+    rows = measured(model, kind)
+    return float(np.median([abs(one_layer(p, model, b, c, kv) / m - 1) for b, c, kv, m in rows]))
+
+
+@pytest.mark.parametrize("kind", ["d", "p"])
+def test_attention_follows_the_measured_a100_table(kind):
+    """Llama-2-7B (FlashAttention-2), 79 decode points (batch 1-128 x 32-2,432 cached tokens) and 45 prefill
+    points (chunks 256-3,712 after 0-3,840): median error 3.7% decode, 4.3% prefill. In-sample: the
+    profile's attention parameters were fitted to these rows. Priced as a roofline, the same profile misses
+    by 18% and 33% (the roofline this model replaced, at its old efficiencies: 18% and 62%)."""
+    assert median_error(A100, "llama-2-7b", kind) <= 0.06
+    assert median_error(ROOFLINE, "llama-2-7b", kind) >= 0.15
+
+
+def test_attention_on_a_model_and_kernel_it_was_not_fitted_to():
+    """Llama-3-8B's decode (8 KV heads, FlashInfer) was not fitted: 15% median error here, against 28%
+    for the roofline."""
+    rounds, roofline = median_error(A100, "llama-3-8b", "d"), median_error(ROOFLINE, "llama-3-8b", "d")
+    assert rounds <= 0.20 and rounds < roofline
+
+
+def test_a_partial_round_of_thread_blocks_costs_a_round():
+    """Measured: 7 rows x 2,432 tokens take 1.64x what 6 rows take (224 blocks need a third round on 108
+    SMs); bytes alone say 7/6."""
+    six, seven = (one_layer(A100, "llama-2-7b", b, 0, 2432) for b in (6, 7))
+    assert seven / six >= 1.3
+    six, seven = (one_layer(ROOFLINE, "llama-2-7b", b, 0, 2432) for b in (6, 7))
+    assert seven / six < 1.2
+
+
+def test_decode_attention_never_beats_the_bandwidth():
+    """Whatever the split into blocks and rounds, the KV bytes cross the memory at most at its peak."""
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        rows, per_row, kv_heads = int(rng.integers(1, 300)), int(rng.integers(1, 8192)), int(rng.choice([1, 8, 32]))
+        secs = decode_attention_s(A100, rows, rows * per_row, kv_heads, HEAD_DIM, BF16)
+        assert secs >= rows * per_row * kv_heads * 2 * HEAD_DIM * BF16 / A100.gpu.mem_bw
+    assert prefill_attention_s(A100, 1, 4096, 4096, HEADS, HEAD_DIM) >= 4 * HEADS * HEAD_DIM * 4096**2 / 2 / 312e12
+
+
+def test_kv_splits_fill_the_sms_as_flash_attention_does():
+    """FlashAttention-2 splits a lone sequence's KV (32 heads on 108 SMs: 3 parts fill 89%), not a batch
+    that fills 80% of the SMs, and never into more parts than the KV has tiles."""
+    assert kv_splits(32, 19, 108) == 3
+    assert kv_splits(96, 19, 108) == 1
+    assert kv_splits(32, 1, 108) == 1
+
