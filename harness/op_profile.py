@@ -17,12 +17,14 @@ median of (measured - modelled) weighted by 1 / measured:
   combination that fits best then prices every kernel of a simulated step.
 - element-wise kernels and the embedding gather, each on its own: latency (``elem_kernel_s[op]``) +
   bytes / (bandwidth × ``elem_eff_bw[op]``); ``kernel_s`` (attention's launches) becomes their median.
+- attention (``*attention*.csv``): the decode and prefill thread-block parameters (harness/attention_profile.py).
 - all-reduce: latency + ring bytes / (link bandwidth × link efficiency), for each GPU count in the table
   (``allreduce_by_workers``: NCCL picks its algorithm by communicator size) and for all of them together
   (``allreduce_latency_s``, ``link_eff``: any other count).
 
 The datasheet's peaks stay; its efficiencies and latencies are replaced. The median relative error per
-class (linear, elementwise, all_reduce) is returned for the datasheet profile and for the fitted one.
+class (linear, elementwise, all_reduce, attention_decode, attention_prefill: those the tables have) is
+returned for the datasheet profile and for the fitted one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness.attention_profile import DECODE, PREFILL, fit_attention, load_attention, predict_attention
 from harness.errors import UserError
 from strategies.runtime.sim.cost import (
     DTYPE_BYTES,
@@ -64,8 +67,9 @@ def load_op_tables(directory: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise UserError(f"--op-profile {directory}: not a directory")
     mlp = _read(sorted(directory.glob("*mlp*.csv")))
     ar = _read(sorted({*directory.glob("*all_reduce*.csv"), *directory.glob("*all-reduce*.csv")}))
-    if mlp.empty and ar.empty:
-        raise UserError(f"--op-profile {directory}: no Vidur tables (*mlp.csv, *all_reduce.csv) in it")
+    if mlp.empty and ar.empty and not any(directory.glob("*attention*.csv")):
+        raise UserError(f"--op-profile {directory}: no Vidur tables (*mlp.csv, *attention.csv, *all_reduce.csv) "
+                        "in it")
     parts = []
     if not mlp.empty:
         if missing := sorted(set(SHAPE_COLUMNS) - set(mlp.columns)):
@@ -206,15 +210,25 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
             e, t = _fit_bandwidth(ring[workers == n], y[workers == n], base.gpu.link_bw)
             by_workers[str(int(n))] = [t, e]
         fit = replace(fit, allreduce_latency_s=lat, link_eff=eff, allreduce_by_workers=by_workers)
+    attention = load_attention(sorted(directory.glob("*attention*.csv")))
+    if len(attention):
+        fit = fit_attention(attention, fit, DTYPE_BYTES[dtype])
     fit = replace(fit, source=f"op-profile:{directory}")
-    stats = {"rows": {"kernels": len(ops), "all_reduce": len(ar)},
-             "median_error_datasheet": errors_by_class(ops, ar, *predict(ops, ar, base, work)),
-             "median_error_fitted": errors_by_class(ops, ar, *predict(ops, ar, fit, work)),
+    errors = {}
+    for name, p in (("datasheet", base), ("fitted", fit)):
+        errors[name] = errors_by_class(ops, ar, *predict(ops, ar, p, work))
+        rel = np.abs(predict_attention(attention, p, DTYPE_BYTES[dtype]) / attention["measured_s"].to_numpy() - 1)
+        for kind in ("decode", "prefill"):
+            if (mask := (attention["kind"] == kind).to_numpy()).any():
+                errors[name][f"attention_{kind}"] = float(np.median(rel[mask]))
+    stats = {"rows": {"kernels": len(ops), "all_reduce": len(ar), "attention": len(attention)},
+             "median_error_datasheet": errors["datasheet"], "median_error_fitted": errors["fitted"],
              "fitted": {"eff_flops": fit.eff_flops, "eff_bw": fit.eff_bw, "gemm_kernel_us": fit.gemm_kernel_s * 1e6,
                         "combine": fit.combine, "ridge_k": fit.ridge_k,
                         "kernel_us": fit.kernel_s * 1e6, "elem_eff_bw": fit.elem_eff_bw,
                         "elem_kernel_us": {op: v * 1e6 for op, v in (fit.elem_kernel_s or {}).items()},
                         "allreduce_latency_us": fit.allreduce_latency_s * 1e6, "link_eff": fit.link_eff,
                         "allreduce_by_workers": {n: {"latency_us": t * 1e6, "link_eff": e}
-                                                 for n, (t, e) in (fit.allreduce_by_workers or {}).items()}}}
+                                                 for n, (t, e) in (fit.allreduce_by_workers or {}).items()},
+                        **{name: getattr(fit, name) for name in (*DECODE, *PREFILL)}}}
     return fit, stats

@@ -1,0 +1,92 @@
+"""Vidur's attention tables (``*attention*.csv``) for ``slotbench calibrate --op-profile``: load, price, fit.
+
+A row is one layer's attention kernel on one rank: decode (``is_prefill`` false: ``batch_size`` rows with
+``kv_cache_size`` cached tokens each, ``time_stats.attn_decode.median``) or prefill (one
+``prefill_chunk_size``-token chunk after ``kv_cache_size`` cached tokens, ``time_stats.attn_prefill.median``);
+times in ms. ``n_q_head``/``n_kv_head`` are the model's, split over ``num_tensor_parallel_workers``. Each row
+is priced by the cost model's own attention functions (sim/attention.py) plus the kernel's launch. The
+four decode parameters (the launch among them: decode rows are the small kernels) and the three prefill
+ones are fitted by a coordinate search that minimises the mean |predicted / measured - 1| over at most
+``MAX_ROWS`` rows of each kind (Vidur's tables hold ~40,000).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import UserError
+from strategies.runtime.sim.attention import decode_attention_s, prefill_attention_s
+from strategies.runtime.sim.cost import DeviceProfile
+
+COLUMNS = ["n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size", "prefill_chunk_size",
+           "kv_cache_size", "is_prefill"]
+DECODE = ("attn_eff_bw", "attn_block_bw", "attn_block_s", "attn_kernel_s")
+PREFILL = ("attn_eff_flops", "prefill_block_flops", "prefill_block_s")
+MAX_ROWS = 1500  # per kind: a seeded sample keeps the fit to seconds
+
+
+def load_attention(paths: list[Path]) -> pd.DataFrame:
+    """Rows (kind, batch, chunk, kv, heads, kv_heads, head_dim, measured_s) from Vidur attention tables."""
+    frames = []
+    for path in paths:
+        try:
+            t = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: not a readable CSV ({exc})") from None
+        if missing := sorted(set(COLUMNS) - set(t.columns)):
+            raise UserError(f"{path}: the attention table lacks {missing}")
+        prefill = t["is_prefill"].astype(str).str.lower() == "true"
+        measured = np.where(prefill, t.get("time_stats.attn_prefill.median", np.nan),
+                            t.get("time_stats.attn_decode.median", np.nan))
+        tp = t["num_tensor_parallel_workers"]
+        frames.append(pd.DataFrame({
+            "kind": np.where(prefill, "prefill", "decode"), "batch": t["batch_size"], "chunk": t["prefill_chunk_size"],
+            "kv": t["kv_cache_size"], "heads": np.maximum(t["n_q_head"] // tp, 1),
+            "kv_heads": np.maximum(t["n_kv_head"] // tp, 1), "head_dim": t["n_embd"] // t["n_q_head"],
+            "measured_s": np.asarray(measured, float) / 1e3}))
+    rows = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["kind", "measured_s"])
+    return rows[rows["measured_s"] > 0].reset_index(drop=True)
+
+
+def predict_attention(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) -> np.ndarray:
+    """Modelled seconds of each row: what a simulated step charges it (a row at position kv reads kv + 1
+    entries and writes one; a chunk's keys are its cached tokens and itself), plus the kernel's launch."""
+    out = np.empty(len(rows))
+    for i, r in enumerate(rows.itertuples(index=False)):
+        if r.kind == "prefill":
+            out[i] = prefill_attention_s(p, 1, r.chunk, r.kv + r.chunk, r.heads, r.head_dim)
+        else:
+            out[i] = decode_attention_s(p, r.batch, r.batch * (r.kv + 2), r.kv_heads, r.head_dim, dtype_bytes)
+    return out + p.attn_kernel_s
+
+
+def _error(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) -> float:
+    return float(np.mean(np.abs(predict_attention(rows, p, dtype_bytes) / rows["measured_s"].to_numpy() - 1)))
+
+
+def fit_attention(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) -> DeviceProfile:
+    """``p`` with its decode and prefill attention parameters fitted to ``rows`` (each kind on its own)."""
+    for kind, names in (("decode", DECODE), ("prefill", PREFILL)):
+        sample = rows[rows["kind"] == kind]
+        if sample.empty:
+            continue
+        if len(sample) > MAX_ROWS:
+            sample = sample.sample(MAX_ROWS, random_state=0)
+        best, step = _error(sample, p, dtype_bytes), 0.3
+        while step > 1e-3:  # multiply one parameter at a time by 1 ± step; halve the step when none helps
+            moved = False
+            for name in names:
+                for factor in (1 + step, 1 - step):
+                    value = getattr(p, name) * factor
+                    if not name.endswith("_s") and value > 1:  # no kernel beats its GPU's peak
+                        continue
+                    q = replace(p, **{name: value})
+                    if (err := _error(sample, q, dtype_bytes)) < best:
+                        p, best, moved = q, err, True
+            if not moved:
+                step /= 2
+    return p
