@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--dtype", default="float16", choices=("float16", "bfloat16", "float32"),
                      help="--op-profile: the tables' dtype (Vidur's: float16)")
     cost = sub.add_parser("step-cost", help="what one step costs on the simulated device, by phase (JSON)")
-    cost.add_argument("--gpu", default="h200", help="GPU datasheet (a100, h100, h200, l40s, cpu)")
+    cost.add_argument("--gpu", default="h200", help="GPU datasheet (a100, a40, h100, h200, l40s, cpu)")
     cost.add_argument("--model-spec", default="llama-3-8b", help="spec preset or a directory with config.json")
     cost.add_argument("--dtype", default=None, choices=("float32", "float64", "bfloat16", "float16"),
                       help="default: the spec's own")

@@ -36,7 +36,7 @@ class RunOptions:
                                            "owns its tensors and every transfer is a copy on the stream, as on "
                                            "CUDA (default: shared on cpu and sim, split on cuda)",
                                      choices=MEMORY_MODES)
-    gpu: str = _opt("h200", "sim: GPU datasheet (a100, h100, h200, l40s, cpu)")
+    gpu: str = _opt("h200", "sim: GPU datasheet (a100, a40, h100, h200, l40s, cpu)")
     model_spec: str = _opt("llama-3-8b", "sim: model shapes (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny, small, "
                                          "or a config.json directory)")
     tp: int = _opt(1, "sim: tensor-parallel degree")

@@ -11,7 +11,7 @@ HOST_TIME = ("measured", "modelled")
 class SimConfig:
     """The simulated device (``device="sim"``): what is modelled, on what, and how host time counts."""
 
-    gpu: str = "h200"  # a datasheet (a100, h100, h200, l40s, cpu); ignored when profile is given
+    gpu: str = "h200"  # a datasheet (a100, a40, h100, h200, l40s, cpu); ignored when profile is given
     model_spec: str = "llama-3-8b"  # whose shapes the cost model uses (a spec preset or config.json dir)
     tp: int = 1  # tensor-parallel degree
     profile: str | None = None  # a calibrated device profile (JSON from `slotbench calibrate`)

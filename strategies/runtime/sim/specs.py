@@ -53,6 +53,7 @@ class GpuSpec:
 
 GPUS: dict[str, GpuSpec] = {
     "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9, 108),
+    "a40": GpuSpec("a40", 149.7e12, 696e9, 48e9, 32e9, 84),  # PCIe 4.0 between GPUs (NVLink pairs aside)
     "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9, 132),
     "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9, 132),
     "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9, 142),
