@@ -16,7 +16,8 @@ median of (measured - modelled) weighted by 1 / measured:
   (c^k + m^k)^(1/k) for k in 4, 2, 1.5, + gemm_kernel_s; the efficiencies on a log grid refined once; the
   combination that fits best then prices every kernel of a simulated step.
 - element-wise kernels and the embedding gather, each on its own: latency (``elem_kernel_s[op]``) +
-  bytes / (bandwidth × ``elem_eff_bw[op]``); ``kernel_s`` (attention's launches) becomes their median.
+  bytes / (bandwidth × ``elem_eff_bw[op]``), the bytes past half the L2 costing 1 + ``elem_spill[op]``;
+  ``kernel_s`` (the KV write's launch) becomes their median.
 - attention (``*attention*.csv``): the decode and prefill thread-block parameters (harness/attention_profile.py).
 - all-reduce: latency + ring bytes / (link bandwidth × link efficiency), for each GPU count in the table
   (``allreduce_by_workers``: NCCL picks its algorithm by communicator size) and for all of them together
@@ -45,7 +46,9 @@ from strategies.runtime.sim.cost import (
     elementwise_bytes,
     gemm_work,
     ring_allreduce_bytes,
+    spilled_bytes,
 )
+from strategies.runtime.sim.specs import GpuSpec
 
 SHAPE_COLUMNS = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers"]
 
@@ -115,8 +118,7 @@ def predict(ops: pd.DataFrame, all_reduce: pd.DataFrame, p: DeviceProfile,
     """Modelled seconds of every kernel row (``work``: their ``kernel_work``) and every all-reduce row
     under ``p``."""
     flops, nbytes = work
-    op_pred = np.array([p.roofline(f, b, p.eff_flops, p.eff_bw) + p.gemm_kernel_s if op in GEMMS
-                        else b / (p.gpu.mem_bw * p.elem_eff_bw[op]) + p.elem_latency(op)
+    op_pred = np.array([p.roofline(f, b, p.eff_flops, p.eff_bw) + p.gemm_kernel_s if op in GEMMS else p.elem_s(op, b)
                         for op, f, b in zip(ops["op"], flops, nbytes, strict=True)])
     return op_pred, np.array([p.allreduce_s(b, int(n)) for n, b in zip(all_reduce["workers"], all_reduce["bytes"],
                                                                         strict=True)])
@@ -149,15 +151,28 @@ def _latency_l1(model: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return lat, np.abs((model + lat[:, None]) / y - 1).mean(axis=1)
 
 
-def _fit_bandwidth(nbytes: np.ndarray, y: np.ndarray, bandwidth: float) -> tuple[float, float]:
-    """(efficiency, latency) of latency + nbytes / (bandwidth × efficiency): a log grid refined once."""
+def _fit_bandwidth(nbytes: np.ndarray, y: np.ndarray, bandwidth: float) -> tuple[float, float, float]:
+    """(efficiency, latency, mean error) of latency + nbytes / (bandwidth × efficiency): a log grid refined
+    once."""
     grid = np.geomspace(0.02, 1.5, 120)
     for _ in range(2):
         lat, err = _latency_l1(nbytes[None, :] / (bandwidth * grid[:, None]), y)
         i = int(np.argmin(err))
-        best = (float(grid[i]), float(lat[i]))
+        best = (float(grid[i]), float(lat[i]), float(err[i]))
         grid = np.geomspace(grid[i] / 1.05, min(grid[i] * 1.05, 1.5), 60)
     return best
+
+
+def _fit_elementwise(nbytes: np.ndarray, y: np.ndarray, gpu: GpuSpec) -> tuple[float, float, float]:
+    """(efficiency, latency, spill) of one element-wise kernel: ``_fit_bandwidth`` at each spill in
+    0-2 (steps of 0.1; one, 0, where the GPU has no L2 figure), the best kept."""
+    spills = np.linspace(0.0, 2.0, 21) if gpu.l2_bytes else np.zeros(1)
+    fits = []
+    for spill in spills:
+        moved = np.array([spilled_bytes(b, float(spill), gpu.l2_bytes) for b in nbytes])
+        fits.append((*_fit_bandwidth(moved, y, gpu.mem_bw), float(spill)))
+    eff, lat, _, spill = min(fits, key=lambda f: f[2])
+    return eff, lat, spill
 
 
 def _fit_gemms(flops: np.ndarray, nbytes: np.ndarray, y: np.ndarray, p: DeviceProfile) -> dict:
@@ -196,18 +211,20 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
             fit = replace(fit, **_fit_gemms(flops[gemm], nbytes[gemm], y[gemm], base))
         if (~gemm).any():
             effs, lats = dict(base.elem_eff_bw), dict.fromkeys(ELEM_EFF_DEFAULTS, base.kernel_s)
+            spills = dict(base.elem_spill)
             for op in ELEM_EFF_DEFAULTS:
                 rows = (ops["op"] == op).to_numpy()
                 if rows.any():
-                    effs[op], lats[op] = _fit_bandwidth(nbytes[rows], y[rows], base.gpu.mem_bw)
-            fit = replace(fit, elem_eff_bw=effs, elem_kernel_s=lats, kernel_s=float(np.median(list(lats.values()))))
+                    effs[op], lats[op], spills[op] = _fit_elementwise(nbytes[rows], y[rows], base.gpu)
+            fit = replace(fit, elem_eff_bw=effs, elem_kernel_s=lats, elem_spill=spills,
+                          kernel_s=float(np.median(list(lats.values()))))
     if len(ar):
         ring = np.array([ring_allreduce_bytes(nb, int(n)) for n, nb in zip(ar["workers"], ar["bytes"], strict=True)])
         y, workers = ar["measured_s"].to_numpy(float), ar["workers"].to_numpy()
-        eff, lat = _fit_bandwidth(ring, y, base.gpu.link_bw)
+        eff, lat, _ = _fit_bandwidth(ring, y, base.gpu.link_bw)
         by_workers = {}
         for n in np.unique(workers):
-            e, t = _fit_bandwidth(ring[workers == n], y[workers == n], base.gpu.link_bw)
+            e, t, _ = _fit_bandwidth(ring[workers == n], y[workers == n], base.gpu.link_bw)
             by_workers[str(int(n))] = [t, e]
         fit = replace(fit, allreduce_latency_s=lat, link_eff=eff, allreduce_by_workers=by_workers)
     attention = load_attention(sorted(directory.glob("*attention*.csv")))
@@ -225,7 +242,7 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
              "median_error_datasheet": errors["datasheet"], "median_error_fitted": errors["fitted"],
              "fitted": {"eff_flops": fit.eff_flops, "eff_bw": fit.eff_bw, "gemm_kernel_us": fit.gemm_kernel_s * 1e6,
                         "combine": fit.combine, "ridge_k": fit.ridge_k,
-                        "kernel_us": fit.kernel_s * 1e6, "elem_eff_bw": fit.elem_eff_bw,
+                        "kernel_us": fit.kernel_s * 1e6, "elem_eff_bw": fit.elem_eff_bw, "elem_spill": fit.elem_spill,
                         "elem_kernel_us": {op: v * 1e6 for op, v in (fit.elem_kernel_s or {}).items()},
                         "allreduce_latency_us": fit.allreduce_latency_s * 1e6, "link_eff": fit.link_eff,
                         "allreduce_by_workers": {n: {"latency_us": t * 1e6, "link_eff": e}

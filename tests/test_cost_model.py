@@ -4,15 +4,17 @@ measured H100 kernel tables (../shared/profiles/vidur-h100)."""
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from harness.op_profile import fit_op_profile, load_op_tables
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.sim.cost import DTYPE_BYTES, CostModel, DeviceProfile
-from strategies.runtime.sim.specs import MODEL_SPECS
+from strategies.runtime.sim.cost import DTYPE_BYTES, CostModel, DeviceProfile, elementwise_bytes
+from strategies.runtime.sim.specs import GPUS, MODEL_SPECS
 
 SPEC = MODEL_SPECS["llama-3-8b"]  # 32 layers, hidden 4096, 8 KV heads of 128, vocab 128256, bf16
 
@@ -79,6 +81,30 @@ def test_all_reduce_is_fitted_per_gpu_count(vidur_h100):
     assert worst_count(replace(profile, allreduce_by_workers=None)) > 0.05  # the shared fit alone
 
 
+def test_element_wise_kernels_slow_down_past_the_l2(vidur_h100, monkeypatch):
+    """Measured on the H100, an RMSNorm's time per token grows by ~40% once its bytes pass about half the
+    50 MB L2 (the previous kernel's output no longer read back from it). The fit prices the bytes past
+    L2_RESIDENT of it at 1 + elem_spill: element-wise median error 3.9%, against 5.1% for the same fit on a
+    GPU without an L2 figure (no spill term)."""
+    profile, stats = fit_op_profile(vidur_h100, "h100")
+    ops, _ = load_op_tables(vidur_h100)
+    norm = ops[(ops["op"] == "input_layernorm") & (ops["tp"] == 1)].set_index("num_tokens")["measured_s"]
+
+    def per_token(t: pd.Series | Callable, lo: int, hi: int) -> float:
+        return (t(hi) - t(lo)) / (hi - lo) if callable(t) else (t[hi] - t[lo]) / (hi - lo)
+
+    assert per_token(norm, 2720, 3872) > 1.2 * per_token(norm, 560, 1824)  # the table itself
+    cm = CostModel(replace(SPEC, hidden_size=4096), profile)
+
+    def modelled(tokens: int) -> float:
+        return profile.elem_s("input_layernorm", elementwise_bytes("input_layernorm", tokens, cm.shapes, 1, 2))
+
+    assert per_token(modelled, 2720, 3872) > 1.2 * per_token(modelled, 560, 1824)
+    monkeypatch.setitem(GPUS, "h100", replace(GPUS["h100"], l2_bytes=0.0))
+    _, flat = fit_op_profile(vidur_h100, "h100")
+    assert stats["median_error_fitted"]["elementwise"] <= 0.05 < flat["median_error_fitted"]["elementwise"]
+
+
 def test_the_dtype_comes_from_the_spec_and_dtype_overrides_it(tmp_path):
     config = {"architectures": ["LlamaForCausalLM"], "vocab_size": 32000, "hidden_size": 4096,
               "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -110,14 +136,14 @@ def test_step_cost_prints_phases_that_add_up():
 
 def test_fit_to_vidur_h100_tables(vidur_h100, tmp_path):
     """The fitted profile predicts H100 kernels better than the datasheet in every class (median error:
-    seen 5.9%, 5.1%, 3.3%; before per-kernel latencies, per-GPU-count all-reduces and the robust fit
-    6.6%, 6.9%, 6.7%); the datasheet is within 10% in every class (seen 9.1%, 6.8%, 7.9%; 12.1% and 15.9%
-    with max() and one shared latency, 11.2% with an all-reduce of 30 us and 0.7 of the link). Written,
-    the profile loads and simulates."""
+    seen 5.9%, 3.9%, 3.3%; before per-kernel latencies, per-GPU-count all-reduces, the robust fit and the
+    L2 spill of element-wise kernels 6.6%, 6.9%, 6.7%); the datasheet is within 10% in every class (seen
+    9.1%, 6.8%, 7.9%; 12.1% and 15.9% with max() and one shared latency, 11.2% with an all-reduce of 30 us
+    and 0.7 of the link). Written, the profile loads and simulates."""
     profile, stats = fit_op_profile(vidur_h100, "h100")
     sheet, fitted = stats["median_error_datasheet"], stats["median_error_fitted"]
     assert set(fitted) == {"linear", "elementwise", "all_reduce"}
-    for kind, bound in (("linear", 0.06), ("elementwise", 0.06), ("all_reduce", 0.05)):
+    for kind, bound in (("linear", 0.06), ("elementwise", 0.05), ("all_reduce", 0.05)):
         assert fitted[kind] <= bound and fitted[kind] < sheet[kind], (kind, fitted, sheet)
     assert sheet["linear"] <= 0.10 and sheet["elementwise"] <= 0.10 and sheet["all_reduce"] <= 0.10, sheet
     out = tmp_path / "p.json"

@@ -75,6 +75,18 @@ ELEM_EFF_DEFAULTS = {"input_layernorm": 0.45, "post_attention_layernorm": 0.45, 
                      "add": 1.0, "emb": 0.2}
 ELEM_KERNEL_S_DEFAULTS = {"input_layernorm": 2.5e-6, "post_attention_layernorm": 2.5e-6, "attn_rope": 1.5e-6,
                           "mlp_act": 1.5e-6, "add": 1e-6, "emb": 2.5e-6}
+# What a byte costs beyond the part of the L2 cache a kernel's working set keeps (the previous kernel's
+# output is read back from L2 while it fits): a norm's time per token grows ~40% once a layer's
+# activations pass ~half the H100's 50 MB. Per kernel, read off the H100 table, like the two above.
+ELEM_SPILL_DEFAULTS = dict.fromkeys(ELEM_EFF_DEFAULTS, 0.0)
+L2_RESIDENT = 0.5  # the fraction of L2 a kernel's working set keeps (fitted: H100 and A100 tables agree)
+
+
+def spilled_bytes(nbytes: float, spill: float, l2_bytes: float) -> float:
+    """``nbytes`` as priced at DRAM bandwidth: the share beyond L2_RESIDENT of the L2 costs 1 + ``spill``."""
+    if not spill or not l2_bytes or nbytes <= L2_RESIDENT * l2_bytes:
+        return nbytes
+    return nbytes + spill * (nbytes - L2_RESIDENT * l2_bytes)
 
 
 def model_shapes(spec: ModelConfig) -> tuple[int, int, int, int]:
@@ -123,6 +135,8 @@ class DeviceProfile:
     # per element-wise kernel (and "emb"): its own latency floor (a norm's block-wide reduction costs
     # it more than twice an add's); None: kernel_s for each
     elem_kernel_s: dict[str, float] | None = field(default_factory=lambda: dict(ELEM_KERNEL_S_DEFAULTS))
+    # per element-wise kernel (and "emb"): extra cost of a byte past the L2 (ELEM_SPILL_DEFAULTS)
+    elem_spill: dict[str, float] = field(default_factory=lambda: dict(ELEM_SPILL_DEFAULTS))
     overhead_s: float = 30e-6  # per step: launches, synchronisation
     row_overhead_s: float = 0.0  # per sampled row: what FLOPs and bytes miss (small-batch GEMMs on a CPU)
     # One all-reduce: latency + ring bytes / (link bandwidth x link_eff). Read off the H100 DGX table (median
@@ -150,6 +164,8 @@ class DeviceProfile:
             raise ValueError(f"device profile: elem_eff_bw needs {sorted(ELEM_EFF_DEFAULTS)}")
         if self.elem_kernel_s is not None and set(self.elem_kernel_s) != set(ELEM_EFF_DEFAULTS):
             raise ValueError(f"device profile: elem_kernel_s needs {sorted(ELEM_EFF_DEFAULTS)}")
+        if set(self.elem_spill) != set(ELEM_EFF_DEFAULTS) or min(self.elem_spill.values()) < 0:
+            raise ValueError(f"device profile: elem_spill needs {sorted(ELEM_EFF_DEFAULTS)}, each >= 0")
         by_workers = list((self.allreduce_by_workers or {}).values())
         if not all(len(v) == 2 for v in by_workers):
             raise ValueError("device profile: allreduce_by_workers maps a GPU count to [latency_s, link_eff]")
@@ -177,6 +193,11 @@ class DeviceProfile:
     def elem_latency(self, op: str) -> float:
         """Latency floor of one launch of element-wise kernel ``op`` (or ``emb``)."""
         return self.kernel_s if self.elem_kernel_s is None else self.elem_kernel_s[op]
+
+    def elem_s(self, op: str, nbytes: float) -> float:
+        """One launch of element-wise kernel ``op`` (or ``emb``) moving ``nbytes``."""
+        moved = spilled_bytes(nbytes, self.elem_spill[op], self.gpu.l2_bytes)
+        return self.elem_latency(op) + moved / (self.gpu.mem_bw * self.elem_eff_bw[op])
 
     def allreduce_s(self, nbytes: float, workers: int) -> float:
         """One ring all-reduce of ``nbytes`` over ``workers`` GPUs."""
@@ -215,8 +236,11 @@ class Term:
     eff_bw: float
     latency_s: float  # per launch
     count: int  # launches per step (layers x launches per layer)
+    launch_s: float | None = None  # one launch priced already (element-wise kernels); None: the roofline
 
     def seconds(self, p: DeviceProfile) -> float:
+        if self.launch_s is not None:
+            return self.count * self.launch_s
         return self.count * (p.roofline(self.flops, self.bytes, self.eff_flops, self.eff_bw) + self.latency_s)
 
 
@@ -249,8 +273,8 @@ class CostModel:
             prefill = prefill_attention_s(p, w.context_chunks, w.context_tokens, w.context_kv_read_tokens, heads,
                                           s.head_dim)
             decode = decode_attention_s(p, w.tokens - w.context_tokens, decode_kv, kv_heads, s.head_dim, b)
-            out += [Term("attention", 0.0, 0.0, 1.0, 1.0, prefill, layers),
-                    Term("attention", 0.0, 0.0, 1.0, 1.0, decode, layers)]
+            out += [Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, prefill),
+                    Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, decode)]
         else:
             decode_pairs = w.attention_pairs - w.context_attention_pairs
             out += [Term("attention", pair_flops * w.context_attention_pairs,
@@ -259,10 +283,8 @@ class CostModel:
                          layers)]
         out += [Term("attention", 0.0, 0.0, 1.0, 1.0, p.attn_kernel_s, layers),  # the attention kernel's launch
                 Term("attention", 0.0, 0.0, 1.0, 1.0, p.kernel_s, layers)]  # the KV-cache write's
-        out += [Term("elementwise", 0.0, elementwise_bytes(op, w.tokens, self.shapes, tp, b), 1.0,
-                     p.elem_eff_bw[op], p.elem_latency(op), n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
-        out.append(Term("embedding", 0.0, elementwise_bytes("emb", w.tokens, self.shapes, tp, b), 1.0,
-                        p.elem_eff_bw["emb"], p.elem_latency("emb"), 1))
+        out += [self._elementwise("elementwise", op, w.tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+        out.append(self._elementwise("embedding", "emb", w.tokens, 1))
         head_flops, head_bytes = gemm_work(w.samples, s.hidden_size, s.vocab_size, tp, b)
         out.append(Term("lm_head", head_flops, head_bytes + w.samples * s.vocab_size * 4 / tp,  # float32 logits
                         p.eff_flops, p.eff_bw, p.gemm_kernel_s, 1))
@@ -276,6 +298,11 @@ class CostModel:
                             layers))
         return out
 
+    def _elementwise(self, phase: str, op: str, tokens: int, count: int) -> Term:
+        """An element-wise kernel's term: its bytes, priced by ``DeviceProfile.elem_s`` (latency in it)."""
+        nbytes = elementwise_bytes(op, tokens, self.shapes, self.tp, self.dtype_bytes)
+        return Term(phase, 0.0, nbytes, 1.0, 1.0, 0.0, count, self.profile.elem_s(op, nbytes))
+
     def encoder_terms(self, w: BatchWork) -> list[Term]:
         """The encode piece: the encoder's layers over the admitted requests' encoder tokens."""
         p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.encoder_layers
@@ -286,8 +313,7 @@ class CostModel:
         kv = self.kv_bytes_per_token / s.num_hidden_layers / tp
         out.append(Term("encoder", 4 * s.num_attention_heads * s.head_dim / tp * w.encoder_attention_pairs,
                         kv * w.encoder_tokens, p.attn_eff_flops, p.eff_bw, p.kernel_s, layers))
-        out += [Term("encoder", 0.0, elementwise_bytes(op, w.encoder_tokens, self.shapes, tp, b), 1.0,
-                     p.elem_eff_bw[op], p.elem_latency(op), n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+        out += [self._elementwise("encoder", op, w.encoder_tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
         return out
 
     def phases(self, w: BatchWork) -> dict[str, float]:

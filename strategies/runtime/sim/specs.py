@@ -49,14 +49,15 @@ class GpuSpec:
     # streaming multiprocessors: attention runs thread blocks on them in rounds (0: priced as a plain
     # roofline, as on a CPU)
     sms: int = 0
+    l2_bytes: float = 0.0  # last-level cache: element-wise kernels slow down past it (0: no such effect)
 
 
 GPUS: dict[str, GpuSpec] = {
-    "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9, 108),
-    "a40": GpuSpec("a40", 149.7e12, 696e9, 48e9, 32e9, 84),  # PCIe 4.0 between GPUs (NVLink pairs aside)
-    "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9, 132),
-    "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9, 132),
-    "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9, 142),
+    "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9, 108, 40e6),
+    "a40": GpuSpec("a40", 149.7e12, 696e9, 48e9, 32e9, 84, 6e6),  # PCIe 4.0 between GPUs (NVLink pairs aside)
+    "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9, 132, 50e6),
+    "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9, 132, 50e6),
+    "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9, 142, 96e6),
     # This machine's CPU as a "device": nominal figures; `slotbench calibrate` fits the efficiencies.
     "cpu": GpuSpec("cpu", 100e9, 20e9, 24e9, float("inf")),
 }
