@@ -14,6 +14,7 @@ of its context. The profile's parameters were fitted to that table (docs/simulat
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ Q_TILE = 128  # queries per prefill thread block
 KV_TILE = 128  # keys per split unit of a decode sequence
 
 
+@lru_cache(maxsize=4096)  # called every simulated step with few distinct arguments
 def kv_splits(blocks: int, kv_tiles: int, sms: int) -> int:
     """How many parts each decode sequence's KV is split into, after FlashAttention-2's heuristic: none
     when the blocks fill 80% of the SMs, else the fewest parts whose rounds are at least 85% as full as

@@ -10,7 +10,8 @@ would let decode attention's memory traffic hide behind the GEMMs' FLOPs, which 
   priced apart, as thread blocks in rounds over the GPU's SMs (sim/attention.py); on a CPU a roofline of
   4 × heads × head dim FLOPs per (query, key) pair and the KV bytes read and written.
 - ``elementwise``: two RMSNorms, RoPE, the gated activation, two residual adds; bytes only, each kernel
-  its own bandwidth efficiency, plus a launch latency that dominates small batches.
+  its own bandwidth efficiency (and cost of the bytes past the L2), plus a launch latency that dominates
+  small batches.
 - ``embedding``: a gather of the batch's rows (not the whole table).
 - ``lm_head``: the sampled rows only; weights plus float32 logits.
 - ``communication``: tensor parallelism's two all-reduces per layer, latency plus ring traffic.
@@ -76,8 +77,9 @@ ELEM_EFF_DEFAULTS = {"input_layernorm": 0.45, "post_attention_layernorm": 0.45, 
 ELEM_KERNEL_S_DEFAULTS = {"input_layernorm": 2.5e-6, "post_attention_layernorm": 2.5e-6, "attn_rope": 1.5e-6,
                           "mlp_act": 1.5e-6, "add": 1e-6, "emb": 2.5e-6}
 # What a byte costs beyond the part of the L2 cache a kernel's working set keeps (the previous kernel's
-# output is read back from L2 while it fits): a norm's time per token grows ~40% once a layer's
-# activations pass ~half the H100's 50 MB. Per kernel, read off the H100 table, like the two above.
+# output is read back from L2 while it fits): on the H100 a norm's time per token grows ~40% once its
+# bytes pass ~half the 50 MB. Fitted per kernel from a table; the datasheet keeps 0, as the efficiencies
+# of the L2 regime do not carry across GPUs (an A40's small norms run at 1.3x its DRAM peak, an H100's 0.5x).
 ELEM_SPILL_DEFAULTS = dict.fromkeys(ELEM_EFF_DEFAULTS, 0.0)
 L2_RESIDENT = 0.5  # the fraction of L2 a kernel's working set keeps (fitted: H100 and A100 tables agree)
 
