@@ -143,7 +143,7 @@ class BlockManager:
             raise RuntimeError(f"KV cache: slot {slot} would hold {need} blocks, a row has {self.table.shape[1]}")
         rows, shared = self.tables[slot], self._shared[slot]  # [Kb, MB]
         rows[0, n:need] = self._allocate(need - n)
-        own = max(n, shared)  # beams > 0 list the shared prompt blocks, then hold their own
+        own = min(max(n, shared), need)  # beams > 0 list the shared prompt blocks, then hold their own
         for b in range(1, self._width[slot]):
             rows[b, n:own] = rows[0, n:own]
             if need > own:
