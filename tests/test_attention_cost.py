@@ -1,12 +1,8 @@
 """The simulated device's attention (sim/attention.py) against measured attention kernels: a sample of
 Vidur's published A100 and A40 tables in tests/data/vidur_attention.csv (its header says where from)."""
 
-import csv
 import json
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,15 +11,11 @@ from strategies.runtime.batch import BatchWork
 from strategies.runtime.sim.attention import decode_attention_s, kv_splits, prefill_attention_s
 from strategies.runtime.sim.cost import CostModel, DeviceProfile
 from strategies.runtime.sim.specs import MODEL_SPECS
+from tests.util import cli, data_rows
 
-TABLE = Path(__file__).parent / "data" / "vidur_attention.csv"
 A100 = DeviceProfile.for_gpu("a100")
 HEADS, HEAD_DIM, BF16 = 32, 128, 2
 KV_HEADS = {"llama-2-7b": 32, "llama-3-8b": 8}
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def roofline(p: DeviceProfile) -> DeviceProfile:
@@ -33,9 +25,8 @@ def roofline(p: DeviceProfile) -> DeviceProfile:
 
 def measured(gpu: str, model: str, kind: str) -> list[tuple[int, int, int, int, float]]:
     """(tp, batch, chunk, kv, seconds) rows of the table."""
-    lines = [line for line in TABLE.read_text().splitlines() if not line.startswith("#")]
     return [(int(r["tp"]), int(r["batch"]), int(r["chunk"]), int(r["kv"]), float(r["ms"]) * 1e-3)
-            for r in csv.DictReader(lines) if (r["gpu"], r["model"], r["kind"]) == (gpu, model, kind)]
+            for r in data_rows("vidur_attention.csv") if (r["gpu"], r["model"], r["kind"]) == (gpu, model, kind)]
 
 
 def one_layer(p: DeviceProfile, model: str, tp: int, batch: int, chunk: int, kv: int) -> float:

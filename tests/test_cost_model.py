@@ -2,8 +2,6 @@
 measured H100 kernel tables (../shared/profiles/vidur-h100)."""
 
 import json
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -15,12 +13,9 @@ from harness.op_profile import fit_op_profile, load_op_tables
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.sim.cost import DTYPE_BYTES, CostModel, DeviceProfile, elementwise_bytes
 from strategies.runtime.sim.specs import GPUS, MODEL_SPECS
+from tests.util import cli
 
 SPEC = MODEL_SPECS["llama-3-8b"]  # 32 layers, hidden 4096, 8 KV heads of 128, vocab 128256, bf16
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300)
 
 
 def step_cost(*args) -> dict:

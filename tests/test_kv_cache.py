@@ -2,8 +2,7 @@
 behaviours that depend on blocks (decodes first, the watermark, what static and overlap really hold)."""
 
 import json
-import subprocess
-import sys
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -22,6 +21,9 @@ from strategies.runtime.block_manager import BlockManager
 from strategies.runtime.request import Request, SamplingParams, Status
 from strategies.scheduler import IterationScheduler
 from tests.util import TINY64, make_requests, reference_decode, run_strategy, tiny_models
+from tests.util import cli as run_cli
+
+cli = partial(run_cli, timeout=600)  # whole runs
 
 # Every in-process strategy; the pipeline's stage processes take seconds to start per run, so its prefix
 # caching is held to the in-flight strategy's tokens in tests/test_pipeline.py, on one long-lived pipeline.
@@ -168,10 +170,6 @@ def test_synthetic_shared_prefixes():
     assert len(groups) == 3 and all(len(v) == 1 for v in groups.values())
     # 3 groups x 2 full blocks of 16 are computed once; every later request reuses its group's 32 tokens
     assert ideal_prefix_hit_rate(t.requests, 16) == pytest.approx((40 - 3) * 32 / (40 * 42))
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600)
 
 
 def test_measured_hit_rate_equals_the_ideal_on_mooncake(tmp_path, shared_traces):

@@ -2,7 +2,6 @@
 
 import dataclasses
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -20,7 +19,7 @@ from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.request import SamplingParams
-from tests.util import TINY64, tiny_models, wait_for_progress
+from tests.util import TINY64, cli, tiny_models, wait_for_progress
 
 STRATEGIES = ("static", "inflight", "overlap")
 TIMING_FIELDS = {f.name for f in dataclasses.fields(IterationRecord) if f.name.endswith("_s")}
@@ -79,11 +78,6 @@ def test_tokens_do_not_depend_on_arrival_timing():
 
 TINY = ["--model", "tiny", "--input-len", "16", "--output-len", "8", "--max-seq-len", "64", "--warmup", "0",
         "--no-progress"]
-
-
-def cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, **(env or {})})
 
 
 def test_force_replaces_whole_directory_and_failures_leave_it_intact(tmp_path):

@@ -2,10 +2,9 @@
 
 import itertools
 import json
-import subprocess
-import sys
 import time
 from dataclasses import replace
+from functools import partial
 
 import pandas as pd
 import pytest
@@ -18,6 +17,9 @@ from strategies.runtime.request import SamplingParams
 from strategies.runtime.sim.cost import CostModel, DeviceProfile
 from strategies.runtime.sim.engine import proxy_config
 from strategies.runtime.sim.specs import GPUS, MODEL_SPECS
+from tests.util import cli as run_cli
+
+cli = partial(run_cli, timeout=600)  # whole simulated runs
 
 
 def decode(rows: int, context: int = 512) -> BatchWork:
@@ -122,10 +124,6 @@ def test_modelled_host_time_is_charged_per_phase():
     phases = ("schedule", "prepare", "postprocess")
     total = sum(getattr(rec, f"{p}_end_s") - getattr(rec, f"{p}_start_s") for p in phases)
     assert total == pytest.approx(3e-3, rel=1e-6)
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=600)
 
 
 def test_model_that_does_not_fit_is_a_clear_error(tmp_path):

@@ -1,12 +1,16 @@
-"""Shared test helpers: a small model, a list-backed request source, and a reference decoder."""
+"""Shared test helpers: a small model, a list-backed request source, a reference decoder, the CLI in a
+subprocess, and the commented CSV samples in tests/data."""
 
 from __future__ import annotations
 
+import csv
 import os
 import re
 import select
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -18,6 +22,21 @@ from strategies.runtime.model import build_model
 from strategies.runtime.model_config import PRESETS, ModelConfig
 from strategies.runtime.request import Request, SamplingParams, Status
 from strategies.runtime.sampler import sample
+
+DATA = Path(__file__).parent / "data"
+
+
+def cli(*args: str, timeout: float = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``slotbench ARGS`` in a fresh interpreter, output captured; ``env`` adds to this process's."""
+    return subprocess.run([sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def data_rows(name: str) -> list[dict[str, str]]:
+    """The rows of tests/data/NAME, a CSV whose leading ``#`` lines say where its figures come from."""
+    lines = (DATA / name).read_text().splitlines()
+    return list(csv.DictReader(line for line in lines if not line.startswith("#")))
+
 
 # float64 so that different batch shapes cannot flip a near-tie between two logits.
 TINY64 = PRESETS["tiny"].with_dtype("float64")

@@ -14,9 +14,7 @@ with equal weight, and whole steps are dominated by the large GEMMs (seen: datas
 all-reduces scatter most in the tables; docs/simulator.md).
 """
 
-import csv
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -26,6 +24,7 @@ from strategies.runtime.batch import BatchWork, ContextChunk, GenerationStep, Sc
 from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.cost import ELEMENTWISE, GEMMS, CostModel, DeviceProfile
 from strategies.runtime.sim.step_cost import _ROW
+from tests.util import data_rows
 
 LAYERS = 32
 SPEC = ModelConfig(vocab_size=32768, hidden_size=4096, num_hidden_layers=LAYERS, num_attention_heads=32,
@@ -83,11 +82,6 @@ WHOLE_STEPS = {
             (((320, 1024),), ((96, 832),)), (((992, 2048),), ((16, 864),)), (((320, 3072),), ((128, 2432),)),
             (((992, 3072),), ((48, 864),)), (((320, 512),), ((120, 832),))],
 }
-DATA = Path(__file__).parent.parent / "data"
-
-
-def _rows(name: str) -> list[dict]:
-    return list(csv.DictReader(line for line in (DATA / name).read_text().splitlines() if not line.startswith("#")))
 
 
 def test_whole_steps_with_attention_against_measured_a100_and_a40_kernels(benchmark):
@@ -98,8 +92,8 @@ def test_whole_steps_with_attention_against_measured_a100_and_a40_kernels(benchm
     this model replaced, worst 20% and 16%."""
     benchmark(lambda: None)  # a table, not a timing
     attention = {(r["gpu"], r["kind"], int(r["batch"]), int(r["chunk"]), int(r["kv"])): float(r["ms"]) / 1e3
-                 for r in _rows("vidur_attention.csv") if r["model"] == "llama-2-7b" and r["tp"] == "1"}
-    mlp = {(r["gpu"], int(r["num_tokens"]), r["op"]): float(r["ms"]) / 1e3 for r in _rows("vidur_mlp_sample.csv")}
+                 for r in data_rows("vidur_attention.csv") if r["model"] == "llama-2-7b" and r["tp"] == "1"}
+    mlp = {(r["gpu"], int(r["num_tokens"]), r["op"]): float(r["ms"]) / 1e3 for r in data_rows("vidur_mlp_sample.csv")}
     out = []
     for gpu, steps in WHOLE_STEPS.items():
         sheet = DeviceProfile.for_gpu(gpu)
