@@ -19,13 +19,17 @@ median of (measured - modelled) weighted by 1 / measured:
   bytes / (bandwidth × ``elem_eff_bw[op]``), the bytes past half the L2 costing 1 + ``elem_spill[op]``;
   ``kernel_s`` (the KV write's launch) becomes their median.
 - attention (``*attention*.csv``): the decode and prefill thread-block parameters (harness/attention_profile.py).
+- the measured GEMMs themselves, by shape (``gemm_table``; strategies/runtime/sim/gemm_table.py): a
+  simulated GEMM of a shape the tables measured costs what they measured at the next token count up.
+  Its error is reported on counts it lacks: a table of every other count pricing the rest.
 - all-reduce: latency + ring bytes / (link bandwidth × link efficiency), for each GPU count in the table
   (``allreduce_by_workers``: NCCL picks its algorithm by communicator size) and for all of them together
   (``allreduce_latency_s``, ``link_eff``: any other count).
 
 The datasheet's peaks stay; its efficiencies and latencies are replaced. The median relative error per
 class (linear, elementwise, all_reduce, attention_decode, attention_prefill: those the tables have) is
-returned for the datasheet profile and for the fitted one.
+returned for the datasheet profile and for the fitted one without its GEMM table (which would price its
+own rows exactly): what a shape the tables lack gets.
 """
 
 from __future__ import annotations
@@ -48,9 +52,17 @@ from strategies.runtime.sim.cost import (
     ring_allreduce_bytes,
     spilled_bytes,
 )
+from strategies.runtime.sim.gemm_table import GemmTable, gemm_key
 from strategies.runtime.sim.specs import GpuSpec
 
 SHAPE_COLUMNS = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers"]
+GEMM_GROUP = ["op", "n_head", "n_kv_head", "n_embd", "n_expanded_embd", "tp"]  # one GEMM shape of one table
+
+
+def _shapes(r: tuple) -> tuple[int, int, int, int]:
+    """(hidden, query width, KV width, intermediate) of a table row: what GEMMS and ELEMENTWISE take."""
+    head_dim = r.n_embd // r.n_head
+    return r.n_embd, r.n_head * head_dim, r.n_kv_head * head_dim, r.n_expanded_embd
 
 
 def _read(paths: list[Path]) -> pd.DataFrame:
@@ -104,8 +116,7 @@ def kernel_work(ops: pd.DataFrame, dtype_bytes: int) -> tuple[np.ndarray, np.nda
     """FLOPs and bytes of every kernel row on one rank, by the step model's functions."""
     flops, nbytes = np.zeros(len(ops)), np.zeros(len(ops))
     for i, r in enumerate(ops.itertuples(index=False)):
-        head_dim = r.n_embd // r.n_head
-        shapes = (r.n_embd, r.n_head * head_dim, r.n_kv_head * head_dim, r.n_expanded_embd)
+        shapes = _shapes(r)
         if r.op in GEMMS:
             flops[i], nbytes[i] = gemm_work(r.num_tokens, *GEMMS[r.op](*shapes), r.tp, dtype_bytes)
         else:
@@ -113,15 +124,38 @@ def kernel_work(ops: pd.DataFrame, dtype_bytes: int) -> tuple[np.ndarray, np.nda
     return flops, nbytes
 
 
-def predict(ops: pd.DataFrame, all_reduce: pd.DataFrame, p: DeviceProfile,
-            work: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Modelled seconds of every kernel row (``work``: their ``kernel_work``) and every all-reduce row
-    under ``p``."""
-    flops, nbytes = work
-    op_pred = np.array([p.roofline(f, b, p.eff_flops, p.eff_bw) + p.gemm_kernel_s if op in GEMMS else p.elem_s(op, b)
-                        for op, f, b in zip(ops["op"], flops, nbytes, strict=True)])
-    return op_pred, np.array([p.allreduce_s(b, int(n)) for n, b in zip(all_reduce["workers"], all_reduce["bytes"],
-                                                                        strict=True)])
+def predict_kernels(ops: pd.DataFrame, p: DeviceProfile, nbytes: np.ndarray, dtype_bytes: int) -> np.ndarray:
+    """Modelled seconds of every kernel row under ``p`` (``nbytes``: their bytes, by ``kernel_work``), by
+    the functions a simulated step calls (``gemm_s``, ``elem_s``)."""
+    return np.array([p.gemm_s(r.op, r.num_tokens, *GEMMS[r.op](*_shapes(r)), r.tp, dtype_bytes) if r.op in GEMMS
+                     else p.elem_s(r.op, b) for r, b in zip(ops.itertuples(index=False), nbytes, strict=True)])
+
+
+def predict_all_reduce(all_reduce: pd.DataFrame, p: DeviceProfile) -> np.ndarray:
+    return np.array([p.allreduce_s(b, int(n)) for n, b in zip(all_reduce["workers"], all_reduce["bytes"], strict=True)])
+
+
+def gemm_table(ops: pd.DataFrame, dtype_bytes: int) -> GemmTable:
+    """The tables' GEMM rows by shape (sim/gemm_table.py): each shape's median time at each token count."""
+    table = {}
+    for _, part in ops[ops["op"].isin(GEMMS)].groupby(GEMM_GROUP):
+        r = next(part.itertuples(index=False))
+        curve = part.groupby("num_tokens")["measured_s"].median()
+        table[gemm_key(r.op, *GEMMS[r.op](*_shapes(r)), int(r.tp), dtype_bytes)] = [
+            [int(t) for t in curve.index], [float(v) for v in curve]]
+    return table
+
+
+def heldout_table_errors(ops: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) -> dict[str, float]:
+    """How well the GEMM table prices token counts it lacks: a table of every other count of each shape
+    (the first, the third, ...: on Vidur's grid the multiples of 16, 32 past 1,024 and 64 past 2,048
+    tokens) prices the counts between. Median and 90th percentile of |predicted / measured - 1|."""
+    gemms = ops[ops["op"].isin(GEMMS)]
+    rank = gemms.groupby(GEMM_GROUP)["num_tokens"].rank(method="dense").to_numpy(int)
+    train, test = gemms[rank % 2 == 1], gemms[rank % 2 == 0]
+    half = replace(p, gemm_table=gemm_table(train, dtype_bytes))
+    rel = np.abs(predict_kernels(test, half, np.zeros(len(test)), dtype_bytes) / test["measured_s"].to_numpy(float) - 1)
+    return {"heldout_median_error": float(np.median(rel)), "heldout_p90_error": float(np.percentile(rel, 90))}
 
 
 def errors_by_class(ops: pd.DataFrame, all_reduce: pd.DataFrame, op_pred: np.ndarray,
@@ -202,13 +236,14 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
     except ValueError as exc:
         raise UserError(str(exc)) from None
     ops, ar = load_op_tables(directory)
-    fit = base
-    flops, nbytes = work = kernel_work(ops, DTYPE_BYTES[dtype])  # priced once, by every profile below
+    fit, dtype_bytes = base, DTYPE_BYTES[dtype]
+    flops, nbytes = kernel_work(ops, dtype_bytes)  # priced once, by every profile below
     if len(ops):
         y = ops["measured_s"].to_numpy(float)
         gemm = ops["op"].isin(GEMMS).to_numpy()
         if gemm.any():
-            fit = replace(fit, **_fit_gemms(flops[gemm], nbytes[gemm], y[gemm], base))
+            fit = replace(fit, **_fit_gemms(flops[gemm], nbytes[gemm], y[gemm], base),
+                          gemm_table=gemm_table(ops, dtype_bytes))
         if (~gemm).any():
             effs, lats = dict(base.elem_eff_bw), dict.fromkeys(ELEM_EFF_DEFAULTS, base.kernel_s)
             spills = dict(base.elem_spill)
@@ -229,12 +264,12 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
         fit = replace(fit, allreduce_latency_s=lat, link_eff=eff, allreduce_by_workers=by_workers)
     attention = load_attention(sorted(directory.glob("*attention*.csv")))
     if len(attention):
-        fit = fit_attention(attention, fit, DTYPE_BYTES[dtype])
+        fit = fit_attention(attention, fit, dtype_bytes)
     fit = replace(fit, source=f"op-profile:{directory}")
-    errors = {}
-    for name, p in (("datasheet", base), ("fitted", fit)):
-        errors[name] = errors_by_class(ops, ar, *predict(ops, ar, p, work))
-        rel = np.abs(predict_attention(attention, p, DTYPE_BYTES[dtype]) / attention["measured_s"].to_numpy() - 1)
+    errors = {}  # the fitted profile's without its GEMM table, which prices its own rows exactly
+    for name, p in (("datasheet", base), ("fitted", replace(fit, gemm_table=None))):
+        errors[name] = errors_by_class(ops, ar, predict_kernels(ops, p, nbytes, dtype_bytes), predict_all_reduce(ar, p))
+        rel = np.abs(predict_attention(attention, p, dtype_bytes) / attention["measured_s"].to_numpy() - 1)
         for kind in ("decode", "prefill"):
             if (mask := (attention["kind"] == kind).to_numpy()).any():
                 errors[name][f"attention_{kind}"] = float(np.median(rel[mask]))
@@ -248,4 +283,6 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
                         "allreduce_by_workers": {n: {"latency_us": t * 1e6, "link_eff": e}
                                                  for n, (t, e) in (fit.allreduce_by_workers or {}).items()},
                         **{name: getattr(fit, name) for name in (*DECODE, *PREFILL)}}}
+    if fit.gemm_table:
+        stats["gemm_table"] = {"shapes": len(fit.gemm_table), **heldout_table_errors(ops, fit, dtype_bytes)}
     return fit, stats

@@ -8,10 +8,12 @@ A second test sums whole A100 and A40 steps with attention, mixed prefill+decode
 samples of Vidur's tables in tests/data.
 
 Prints the tables; asserts a median error within 10% for both profiles (the datasheet's goal). The
-fitted profile's goal (5%) is printed beside its figure, not asserted: it was fitted to single kernels
-with equal weight, and whole steps are dominated by the large GEMMs (seen: datasheet 6.1%, fitted
-6.5%; both 11-13% high on 512-2048-token prefills, 17% low on TP-4 decode at batch 32, whose 64 small
-all-reduces scatter most in the tables; docs/simulator.md).
+fitted profile is priced by its roofline alone, without the measured GEMMs it keeps (sim/gemm_table.py),
+which would price these steps' GEMMs with their own rows; tests/test_gemm_table.py checks those on token
+counts they lack. Its goal (5%) is printed beside its figure, not asserted: it was fitted to single
+kernels with equal weight, and whole steps are dominated by the large GEMMs (seen: datasheet 6.1%,
+fitted 6.5%; both 11-13% high on 512-2048-token prefills, 17% low on TP-4 decode at batch 32, whose 64
+small all-reduces scatter most in the tables; docs/simulator.md).
 """
 
 from dataclasses import replace
@@ -51,6 +53,7 @@ def test_whole_steps_against_measured_h100_kernels(vidur_h100, benchmark):
     benchmark(lambda: None)  # a table, not a timing
     ops, ar = load_op_tables(vidur_h100)
     fitted, _ = fit_op_profile(vidur_h100, "h100")
+    fitted = replace(fitted, gemm_table=None)
     rows = []
     for kind, n, tp in CASES:
         work = BatchWork(n, n if kind == "decode" else 1, 0, 0, 0 if kind == "decode" else n)

@@ -29,7 +29,8 @@ and the embedding gather run whole on every rank. The dtype is the spec's (a con
 ``torch_dtype``, or ``--dtype``). A device profile holds the efficiencies and latencies: datasheet
 defaults, fitted to a real run by ``slotbench calibrate RUN_DIR``, or to published per-operator kernel
 tables by ``slotbench calibrate --op-profile`` — which prices each measured kernel with the same
-functions below, so what is fitted is what a simulated step sums.
+functions below, so what is fitted is what a simulated step sums, and keeps the measured GEMMs: a GEMM
+of a shape they measured costs what they measured (sim/gemm_table.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from pathlib import Path
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.model_config import ModelConfig
 from strategies.runtime.sim.attention import decode_attention_s, prefill_attention_s
+from strategies.runtime.sim.gemm_table import GemmTable, gemm_key, measured_at, validate_table
 from strategies.runtime.sim.specs import GPUS, GpuSpec
 
 DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
@@ -64,9 +66,11 @@ ELEMENTWISE = {
 }
 # BART: a decoder layer's GEMMs (self-attention QKV and output, cross-attention query and output, FFN),
 # an encoder layer's, and the cross K/V projection of encoder outputs (per decoder layer).
-BART_DECODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i: (h, h), lambda h, i: (h, h),
-                      lambda h, i: (h, i), lambda h, i: (i, h))
-BART_ENCODER_GEMMS = (lambda h, i: (h, 3 * h), lambda h, i: (h, h), lambda h, i: (h, i), lambda h, i: (i, h))
+BART_DECODER_GEMMS = {"self_attn_qkv": lambda h, i: (h, 3 * h), "self_attn_out": lambda h, i: (h, h),
+                      "cross_attn_q": lambda h, i: (h, h), "cross_attn_out": lambda h, i: (h, h),
+                      "fc1": lambda h, i: (h, i), "fc2": lambda h, i: (i, h)}
+BART_ENCODER_GEMMS = {"encoder_self_attn_qkv": lambda h, i: (h, 3 * h), "encoder_self_attn_out": lambda h, i: (h, h),
+                      "encoder_fc1": lambda h, i: (h, i), "encoder_fc2": lambda h, i: (i, h)}
 EMBEDDING_ELEMENTS = 2  # per token and hidden unit: the row read, the activation written
 # Achieved / peak bandwidth of each element-wise kernel and of the embedding gather, and each one's latency
 # floor. They differ by 5x on one GPU (a residual add streams; an RMSNorm reduces in float32, block by
@@ -157,6 +161,9 @@ class DeviceProfile:
     # "smooth": (compute^k + memory^k)^(1/k), between the two near the ridge, as measured GEMMs are.
     combine: str = "smooth"  # measured GEMMs near the ridge are slower than max() (H100 and A100 tables)
     ridge_k: float = 2.0  # the exponent of "smooth"
+    # Measured GEMM times by shape (sim/gemm_table.py), kept by a fit to kernel tables: a GEMM of a shape
+    # they measured costs what the next token count they measured did; any other shape (or None): the roofline
+    gemm_table: GemmTable | None = None
     source: str = "datasheet"  # or what it was fitted to
 
     def __post_init__(self) -> None:
@@ -182,6 +189,7 @@ class DeviceProfile:
             raise ValueError(f"device profile: combine must be max, sum or smooth, got {self.combine!r}")
         if not self.ridge_k >= 1:
             raise ValueError(f"device profile: ridge_k must be >= 1, got {self.ridge_k}")
+        validate_table(self.gemm_table or {})
 
     @classmethod
     def for_gpu(cls, name: str) -> DeviceProfile:
@@ -205,6 +213,20 @@ class DeviceProfile:
         """One ring all-reduce of ``nbytes`` over ``workers`` GPUs."""
         lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
         return lat + ring_allreduce_bytes(nbytes, workers) / (self.gpu.link_bw * eff)
+
+    def gemm_s(self, op: str, tokens: float, rows: int, cols: int, tp: int, dtype_bytes: int) -> float:
+        """One launch of GEMM ``op`` ((tokens x rows) @ (rows x cols), sharded ``tp`` ways): measured where
+        ``gemm_table`` has its shape (at the next measured token count; past the last, the roofline scaled to
+        meet that measurement), else the roofline plus ``gemm_kernel_s``."""
+        def modelled(n: float) -> float:
+            return self.roofline(*gemm_work(n, rows, cols, tp, dtype_bytes), self.eff_flops,
+                                 self.eff_bw) + self.gemm_kernel_s
+
+        curve = self.gemm_table.get(gemm_key(op, rows, cols, tp, dtype_bytes)) if self.gemm_table else None
+        if curve is None:
+            return modelled(tokens)
+        measured = measured_at(curve, tokens)
+        return measured if measured is not None else curve[1][-1] * modelled(tokens) / modelled(curve[0][-1])
 
     def roofline(self, flops: float, nbytes: float, eff_flops: float, eff_bw: float) -> float:
         compute = flops / (self.gpu.peak_flops * eff_flops)
@@ -253,20 +275,20 @@ class CostModel:
         self.spec, self.profile, self.tp = spec, profile, tp
         self.dtype_bytes = DTYPE_BYTES[spec.dtype]
         self.shapes = model_shapes(spec)
-        self.gemms = [f(*self.shapes) for f in GEMMS.values()]
-        self.encoder_gemms: list[tuple[int, int]] = []
+        # each GEMM of a layer by name: (weight rows, weight columns) before sharding
+        self.gemms = {name: f(*self.shapes) for name, f in GEMMS.items()}
+        self.encoder_gemms: dict[str, tuple[int, int]] = {}
         if spec.is_encoder_decoder:
             h, i = spec.hidden_size, spec.intermediate_size
-            self.gemms = [f(h, i) for f in BART_DECODER_GEMMS]
-            self.encoder_gemms = [f(h, i) for f in BART_ENCODER_GEMMS]
+            self.gemms = {name: f(h, i) for name, f in BART_DECODER_GEMMS.items()}
+            self.encoder_gemms = {name: f(h, i) for name, f in BART_ENCODER_GEMMS.items()}
         self.weight_bytes = spec.num_parameters * self.dtype_bytes
         self.kv_bytes_per_token = 2 * spec.num_hidden_layers * self.shapes[2] * self.dtype_bytes
 
     def terms(self, w: BatchWork) -> list[Term]:
         """Every kind of kernel the step runs, with its work per launch on one rank."""
         p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.num_hidden_layers
-        out = [Term("linear", *gemm_work(w.tokens, r, c, tp, b), p.eff_flops, p.eff_bw, p.gemm_kernel_s, layers)
-               for r, c in self.gemms]
+        out = [self._gemm("linear", name, w.tokens, r, c, layers) for name, (r, c) in self.gemms.items()]
         pair_flops = 4 * s.num_attention_heads * s.head_dim / tp  # per (query, key) pair and layer
         kv = self.kv_bytes_per_token / layers / tp  # per token and layer
         decode_kv = w.kv_read_tokens - w.context_kv_read_tokens + w.tokens - w.context_tokens  # read + written
@@ -293,12 +315,17 @@ class CostModel:
         if self.encoder_gemms:  # the decoder's side of cross-attention
             h = s.hidden_size
             if w.encoder_tokens:  # newly encoded requests' outputs become cross K/V, once, in every layer
-                out.append(Term("linear", *gemm_work(w.encoder_tokens, h, 2 * h, tp, b), p.eff_flops, p.eff_bw,
-                                p.gemm_kernel_s, layers))
+                out.append(self._gemm("linear", "cross_attn_kv", w.encoder_tokens, h, 2 * h, layers))
             out.append(Term("attention", pair_flops * w.cross_attention_pairs,
                             kv * (w.cross_kv_read_tokens + w.encoder_tokens), p.attn_eff_flops, p.eff_bw, p.kernel_s,
                             layers))
         return out
+
+    def _gemm(self, phase: str, name: str, tokens: int, rows: int, cols: int, count: int) -> Term:
+        """A GEMM's term: its work, priced by ``DeviceProfile.gemm_s`` (measured, where the profile has its shape)."""
+        p, tp, b = self.profile, self.tp, self.dtype_bytes
+        return Term(phase, *gemm_work(tokens, rows, cols, tp, b), p.eff_flops, p.eff_bw, p.gemm_kernel_s, count,
+                    p.gemm_s(name, tokens, rows, cols, tp, b))
 
     def _elementwise(self, phase: str, op: str, tokens: int, count: int) -> Term:
         """An element-wise kernel's term: its bytes, priced by ``DeviceProfile.elem_s`` (latency in it)."""
@@ -307,11 +334,11 @@ class CostModel:
 
     def encoder_terms(self, w: BatchWork) -> list[Term]:
         """The encode piece: the encoder's layers over the admitted requests' encoder tokens."""
-        p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.encoder_layers
+        p, s, tp, layers = self.profile, self.spec, self.tp, self.spec.encoder_layers
         if not w.encoder_tokens:
             return []
-        out = [Term("encoder", *gemm_work(w.encoder_tokens, r, c, tp, b), p.eff_flops, p.eff_bw, p.gemm_kernel_s,
-                    layers) for r, c in self.encoder_gemms]
+        out = [self._gemm("encoder", name, w.encoder_tokens, r, c, layers)
+               for name, (r, c) in self.encoder_gemms.items()]
         kv = self.kv_bytes_per_token / s.num_hidden_layers / tp
         out.append(Term("encoder", 4 * s.num_attention_heads * s.head_dim / tp * w.encoder_attention_pairs,
                         kv * w.encoder_tokens, p.attn_eff_flops, p.eff_bw, p.kernel_s, layers))
