@@ -260,7 +260,7 @@ class Term:
     eff_bw: float
     latency_s: float  # per launch
     count: int  # launches per step (layers x launches per layer)
-    launch_s: float | None = None  # one launch priced already (element-wise kernels); None: the roofline
+    launch_s: float | None = None  # one launch priced already (GEMMs, element-wise kernels); None: the roofline
 
     def seconds(self, p: DeviceProfile) -> float:
         if self.launch_s is not None:
