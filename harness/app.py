@@ -42,10 +42,10 @@ from harness.timeline import chrome_trace
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
-from strategies.runtime.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import build_model
-from strategies.runtime.model_config import PRESETS, ModelConfig
+from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
+from strategies.runtime.models.config import PRESETS, ModelConfig
+from strategies.runtime.models.llama import build_model
 
 EXIT_FAULT, EXIT_INTERRUPTED = 1, 130
 

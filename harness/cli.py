@@ -106,7 +106,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         fault = (name, int(it))
     out = Path(args.out) if args.out else Path("runs") / time.strftime("run-%Y%m%d-%H%M%S")
     if args.repeats != 1:  # a one-configuration suite: OUT/run@rI/ per repeat, and the statistics
-        from harness.suite import execute_suite, expand
+        from harness.suite.execute import execute_suite
+        from harness.suite.spec import expand
 
         runs = expand([("run", {}, opts)], args.repeats)
         code, out, summary = execute_suite(out.name, "slotbench run", None, runs, out, force=args.force,
@@ -121,7 +122,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_suite(args: argparse.Namespace) -> int:
-    from harness.suite import run_suite
+    from harness.suite.run import run_suite
 
     code, out, summary = run_suite(Path(args.file), Path(args.out) if args.out else None, force=args.force,
                                    progress=not args.no_progress, ray_address=args.ray, resume=args.resume,
@@ -151,14 +152,14 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if (args.run_dir is None) == (args.op_profile is None):
         raise UserError("calibrate: give a run directory or --op-profile DIR (one of the two)")
     if args.op_profile is not None:
-        from harness.op_profile import fit_op_profile
+        from harness.calibrate.op_profile import fit_op_profile
 
         if args.gpu is None:
             raise UserError("calibrate --op-profile: --gpu names the GPU the tables were measured on")
         source = Path(args.op_profile)
         profile, stats = fit_op_profile(source, args.gpu, args.dtype)
     else:
-        from harness.calibrate import calibrate
+        from harness.calibrate.from_run import calibrate
 
         source = Path(args.run_dir)
         profile, stats = calibrate(source, args.gpu or "cpu")

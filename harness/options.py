@@ -16,7 +16,7 @@ from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
-from strategies.runtime.memory import MEMORY_MODES
+from strategies.runtime.buffers.memory import MEMORY_MODES
 from strategies.runtime.request import SamplingParams
 
 

@@ -16,12 +16,12 @@ from harness.errors import UserError
 from harness.source import TraceSource
 from harness.traces.prompts import PromptBuilder
 from harness.traces.trace import TraceRequest
-from strategies.base import Executor, make_clock
 from strategies.config import ExecutorConfig
+from strategies.interface import Executor, make_clock
 from strategies.registry import get_strategy
-from strategies.runtime.compute import compute_budget
+from strategies.runtime.device.compute import compute_budget
 from strategies.runtime.iteration import IterationRecord
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request, SamplingParams, Status
 
 

@@ -58,7 +58,7 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
     if capacity is not None:
         parts += ["<h2>Capacity</h2>",
                   '<p class="note">The highest request rate at which each configuration met its SLOs '
-                  "(harness/capacity.py says how it was searched).</p>", to_html_table(capacity[0])]
+                  "(harness/suite/capacity.py says how it was searched).</p>", to_html_table(capacity[0])]
     figs: list[tuple[str, go.Figure]] = []
     if capacity is not None and len(capacity[1]):
         figs.append(("Capacity: Pareto", figures.capacity_pareto(capacity[1])))

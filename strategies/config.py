@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from strategies.runtime.memory import MEMORY_MODES
+from strategies.runtime.buffers.memory import MEMORY_MODES
 from strategies.runtime.sim.config import SimConfig
 
 CAPACITY_POLICIES = ("guaranteed-no-evict", "max-utilization")

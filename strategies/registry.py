@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from strategies.base import Executor
+from strategies.interface import Executor
 
 _ENGINES: dict[str, str] = {
     "static": "strategies.static.executor:StaticStrategy",

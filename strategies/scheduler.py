@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
-from strategies.runtime.block_manager import BlockManager
+from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request
 
 Admit = Callable[[Request, list[int], int], None]  # (request, cached prefix blocks, tokens to reserve)

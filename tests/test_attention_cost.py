@@ -9,7 +9,8 @@ import pytest
 
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.sim.attention import decode_attention_s, kv_splits, prefill_attention_s
-from strategies.runtime.sim.cost import CostModel, DeviceProfile
+from strategies.runtime.sim.cost import CostModel
+from strategies.runtime.sim.profile import DeviceProfile
 from strategies.runtime.sim.specs import MODEL_SPECS
 from tests.util import cli, data_rows
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.block_manager import BlockManager
-from strategies.runtime.checkpoint import config_from_hf, load_checkpoint
 from strategies.runtime.engine import script_model
+from strategies.runtime.kv.block_manager import BlockManager
+from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
 from strategies.runtime.request import Request, SamplingParams
 from tests.util import assert_accounted, make_requests, run_strategy
 
@@ -241,10 +241,10 @@ def test_device_step_reads_nothing_back_to_the_host():
     overlapping. (A shape read, prim::size, is host metadata and allowed.)"""
     import re
 
-    from strategies.runtime import decoder_state
-    from strategies.runtime.beam_search import beam_step
-    from strategies.runtime.model import build_model
-    from strategies.runtime.model_config import PRESETS
+    from strategies.runtime.decoder import state as decoder_state
+    from strategies.runtime.decoder.beam_search import beam_step
+    from strategies.runtime.models.config import PRESETS
+    from strategies.runtime.models.llama import build_model
 
     model = script_model(build_model(PRESETS["tiny"]))
     graphs = {"LlamaModel.step": model.step.graph, "beam_step": beam_step.graph,

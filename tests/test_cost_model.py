@@ -9,9 +9,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.op_profile import fit_op_profile, load_op_tables
+from harness.calibrate.op_profile import fit_op_profile, load_op_tables
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.sim.cost import DTYPE_BYTES, CostModel, DeviceProfile, elementwise_bytes
+from strategies.runtime.sim.cost import CostModel
+from strategies.runtime.sim.kernels import DTYPE_BYTES, elementwise_bytes
+from strategies.runtime.sim.profile import DeviceProfile
 from strategies.runtime.sim.specs import GPUS, MODEL_SPECS
 from tests.util import cli
 

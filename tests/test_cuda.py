@@ -11,7 +11,7 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import build_model
+from strategies.runtime.models.llama import build_model
 from strategies.runtime.request import SamplingParams
 from tests.util import TINY64, make_requests, run_strategy
 

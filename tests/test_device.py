@@ -18,7 +18,7 @@ import harness.runner
 from harness.runner import run_strategy as harness_run
 from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
-from strategies.runtime.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
 from strategies.runtime.request import SamplingParams
 from tests.util import TINY64, ListSource, make_requests, reference_decode, run_strategy, tiny_models
 
@@ -144,7 +144,7 @@ def test_warmup_executor_is_released_before_the_measured_run(monkeypatch):
 def test_logits_stay_float32_whatever_the_model_dtype():
     cfg = TINY64.with_dtype("bfloat16")
     from strategies.runtime.engine import script_model
-    from strategies.runtime.model import build_model
+    from strategies.runtime.models.llama import build_model
 
     model = script_model(build_model(cfg))
     s = get_strategy("inflight")(cfg, model, ExecutorConfig(max_batch_size=2, max_seq_len=32))

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.checkpoint import config_from_hf, load_checkpoint
 from strategies.runtime.engine import script_model
+from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
 from strategies.runtime.request import Request, SamplingParams
 from tests.util import TINY64, assert_accounted, run_strategy, tiny_models
 

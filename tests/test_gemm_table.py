@@ -8,11 +8,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.op_profile import load_op_tables
+from harness.calibrate.op_profile import load_op_tables
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.sim.cost import GEMMS, CostModel, DeviceProfile
+from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.gemm_table import gemm_key
+from strategies.runtime.sim.kernels import GEMMS
+from strategies.runtime.sim.profile import DeviceProfile
 from tests.util import cli
 
 # The table's model: Llama-2-7B's layer shapes in fp16 (vocab and depth do not enter a GEMM's key)

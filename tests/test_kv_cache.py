@@ -17,7 +17,7 @@ from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
 from strategies.runtime.batch import ContextChunk, GenerationStep
-from strategies.runtime.block_manager import BlockManager
+from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request, SamplingParams, Status
 from strategies.scheduler import IterationScheduler
 from tests.util import TINY64, make_requests, reference_decode, run_strategy, tiny_models

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.checkpoint import config_from_hf, load_checkpoint, resolve_model_config
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import build_model
-from strategies.runtime.model_config import PRESETS
+from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint, resolve_model_config
+from strategies.runtime.models.config import PRESETS
+from strategies.runtime.models.llama import build_model
 from strategies.runtime.request import SamplingParams
 from tests.util import make_requests, run_strategy
 

@@ -80,7 +80,7 @@ def test_phase_ranges_nest_inside_iterations(spy, tmp_path, strategy, memory):
 
 def test_no_tool_means_no_ranges(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NVTX_INJECTION64_PATH"}
-    code = ("from strategies.runtime.tracing import Nvtx; n = Nvtx(); n.push('schedule'); n.pop(); "
+    code = ("from strategies.runtime.device.nvtx import Nvtx; n = Nvtx(); n.push('schedule'); n.pop(); "
             "print(type(n._domain).__name__)")
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert p.stdout.strip() == "DummyDomain"

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from strategies.runtime.sampler import counter_uniform, filter_logits, sample
+from strategies.runtime.decoder.sampler import counter_uniform, filter_logits, sample
 
 
 def params(b, temperature=1.0, top_k=0, top_p=1.0, min_p=0.0, seed=0, step=0):

@@ -14,8 +14,9 @@ from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig, SimConfig
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.request import SamplingParams
-from strategies.runtime.sim.cost import CostModel, DeviceProfile
+from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.engine import proxy_config
+from strategies.runtime.sim.profile import DeviceProfile
 from strategies.runtime.sim.specs import GPUS, MODEL_SPECS
 from tests.util import cli as run_cli
 

@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from harness.errors import UserError
-from harness.suite import load_suite
+from harness.suite.spec import load_suite
 
 
 def write(tmp_path, text):

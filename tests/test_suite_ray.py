@@ -12,8 +12,10 @@ import pandas as pd
 import pytest
 
 from harness.options import RunOptions
-from harness.suite import execute_suite, expand, run_suite
-from harness.suite_ray import run_on_ray
+from harness.suite.execute import execute_suite
+from harness.suite.on_ray import run_on_ray
+from harness.suite.run import run_suite
+from harness.suite.spec import expand
 from reports.repeats import repeat_table, t975
 from tests.util import wait_for_progress
 
@@ -164,7 +166,7 @@ def test_capacity_search_brackets_the_highest_rate_that_meets_the_slos(tmp_path)
     points = pd.read_csv(out / "capacity_points.csv")
     row = table.iloc[0]
     assert row["status"] == "bracketed" and 0.5 < row["max_rate"] < 64
-    # 2 + ceil(log2(log(64 / 0.5) / log(1.2))) runs, as harness/capacity.py documents
+    # 2 + ceil(log2(log(64 / 0.5) / log(1.2))) runs, as harness/suite/capacity.py documents
     assert row["runs"] == len(points) == 2 + math.ceil(math.log2(math.log(128) / math.log(1.2)))
     at = points.set_index("request_rate")
     assert at.loc[row["max_rate"], "meets"] and at.loc[row["max_rate"], "slo_attainment"] >= 0.9

@@ -17,11 +17,11 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
+from strategies.runtime.decoder.sampler import sample
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import build_model
-from strategies.runtime.model_config import PRESETS, ModelConfig
+from strategies.runtime.models.config import PRESETS, ModelConfig
+from strategies.runtime.models.llama import build_model
 from strategies.runtime.request import Request, SamplingParams, Status
-from strategies.runtime.sampler import sample
 
 DATA = Path(__file__).parent / "data"
 

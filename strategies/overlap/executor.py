@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from strategies.inflight.executor import InflightStrategy
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.device import DeviceWork
-from strategies.runtime.engine import BufferSet
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from strategies.base import Executor, RequestSource
-from strategies.runtime.model_config import ModelConfig
+from strategies.interface import Executor, RequestSource
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request
 
 

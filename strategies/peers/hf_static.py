@@ -9,7 +9,7 @@ import torch
 from transformers.generation.streamers import BaseStreamer
 
 from strategies.peers.hf_model import PeerExecutor
-from strategies.runtime.clock import Clock
+from strategies.runtime.device.clock import Clock
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.request import Request, Status
 

@@ -21,11 +21,11 @@ import torch
 from strategies.config import ExecutorConfig
 from strategies.inflight.executor import InflightStrategy
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.clock import Clock
-from strategies.runtime.device import DeviceWork
-from strategies.runtime.engine import BufferSet
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.device.clock import Clock
+from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request
 from strategies.scheduler import IterationScheduler
 

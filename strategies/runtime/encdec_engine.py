@@ -2,7 +2,7 @@
 cross-attention KV pool beside the self-attention one.
 
 A step that admits requests runs their encoder inputs first (``encode``, its own device piece and NVTX
-range, with its own buffers: ``encoder_buffers.py``); the decoder's forward then projects each admitted
+range, with its own buffers: ``buffers/encoder_buffers.py``); the decoder's forward then projects each admitted
 request's encoder output into its cross-KV pages and attends to them, as every later step does through
 the request's row of the cross block table. The host side is the engine's: the strategy's scheduler
 counts encoder tokens against the step's budget and cross blocks against their own pool.
@@ -14,11 +14,12 @@ import numpy as np
 import torch
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.device import DeviceStream, DeviceWork
-from strategies.runtime.encoder_buffers import EncoderBuffers
-from strategies.runtime.engine import BufferSet, Engine
-from strategies.runtime.kv_cache import KVCachePool
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
+from strategies.runtime.device.stream import DeviceStream, DeviceWork
+from strategies.runtime.engine import Engine
+from strategies.runtime.kv.pool import KVCachePool
+from strategies.runtime.models.config import ModelConfig
 
 
 class EncoderDecoderEngine(Engine):

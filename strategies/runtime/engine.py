@@ -14,30 +14,19 @@ import warnings
 import numpy as np
 import torch
 
-from strategies.runtime.batch import BatchWork, ScheduledBatch
-from strategies.runtime.decoder_state import DecoderState
-from strategies.runtime.device import DeviceStream, DeviceWork
-from strategies.runtime.encoder_buffers import EncoderBuffers
-from strategies.runtime.kv_cache import KVCachePool
-from strategies.runtime.memory import Mirrored
-from strategies.runtime.model import LlamaModel
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.memory import Mirrored
+from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
+from strategies.runtime.buffers.step_io import StepIO
+from strategies.runtime.decoder.state import DecoderState
+from strategies.runtime.device.stream import DeviceStream, DeviceWork
+from strategies.runtime.kv.pool import KVCachePool
+from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.models.llama import LlamaModel
 from strategies.runtime.request import Request
-from strategies.runtime.runtime_buffers import RuntimeBuffers
-from strategies.runtime.step_io import StepIO
 
 MAX_STOP_IDS = 8  # EOS plus up to seven per-request stop ids
-
-
-class BufferSet:
-    """One in-flight step's buffers: engine inputs/outputs plus decoder step inputs/outputs."""
-
-    def __init__(self, index: int, runtime: RuntimeBuffers, step: StepIO) -> None:
-        self.index = index
-        self.runtime = runtime
-        self.step = step
-        self.encoder: EncoderBuffers | None = None  # encoder–decoder models: encoder and cross-attention inputs
-        self.work: BatchWork | None = None  # the batch's size in cost-model units (records, simulated device)
 
 
 def script_model(model: LlamaModel) -> torch.nn.Module:

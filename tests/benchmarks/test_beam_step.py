@@ -16,8 +16,8 @@ from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.batch import GenerationStep, ScheduledBatch
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import build_model
-from strategies.runtime.model_config import PRESETS
+from strategies.runtime.models.config import PRESETS
+from strategies.runtime.models.llama import build_model
 from strategies.runtime.request import Request, SamplingParams
 from tests.benchmarks.test_micro import interleaved
 

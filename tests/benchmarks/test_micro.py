@@ -20,17 +20,17 @@ import torch
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.batch import GenerationStep, ScheduledBatch
-from strategies.runtime.block_manager import BlockManager
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
+from strategies.runtime.buffers.step_io import StepIO
+from strategies.runtime.decoder.sampler import filter_logits, sample
+from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.engine import script_model
-from strategies.runtime.memory import DeviceMemory
-from strategies.runtime.model import Attention, build_model
-from strategies.runtime.model_config import PRESETS
-from strategies.runtime.paged_attention import generation_attention
+from strategies.runtime.kv.block_manager import BlockManager
+from strategies.runtime.kv.paged_attention import generation_attention
+from strategies.runtime.models.config import PRESETS
+from strategies.runtime.models.llama import Attention, build_model
 from strategies.runtime.request import Request, SamplingParams
-from strategies.runtime.runtime_buffers import RuntimeBuffers
-from strategies.runtime.sampler import filter_logits, sample
-from strategies.runtime.step_io import StepIO
-from strategies.runtime.tracing import Nvtx
 from strategies.scheduler import IterationScheduler
 from tests.util import ListSource
 

@@ -21,10 +21,12 @@ from dataclasses import replace
 import numpy as np
 import pandas as pd
 
-from harness.op_profile import fit_op_profile, load_op_tables
+from harness.calibrate.op_profile import fit_op_profile, load_op_tables
 from strategies.runtime.batch import BatchWork, ContextChunk, GenerationStep, ScheduledBatch
-from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.sim.cost import ELEMENTWISE, GEMMS, CostModel, DeviceProfile
+from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.sim.cost import CostModel
+from strategies.runtime.sim.kernels import ELEMENTWISE, GEMMS
+from strategies.runtime.sim.profile import DeviceProfile
 from strategies.runtime.sim.step_cost import _ROW
 from tests.util import data_rows
 

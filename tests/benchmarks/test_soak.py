@@ -17,8 +17,8 @@ from harness.traces import synthetic_trace
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.engine import script_model
-from strategies.runtime.model import build_model
-from strategies.runtime.model_config import PRESETS
+from strategies.runtime.models.config import PRESETS
+from strategies.runtime.models.llama import build_model
 from strategies.runtime.request import SamplingParams
 
 pytestmark = pytest.mark.soak

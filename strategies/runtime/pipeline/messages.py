@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from strategies.runtime.runtime_buffers import RuntimeBuffers
-from strategies.runtime.step_io import ADMIT_INTS, StepIO
+from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
+from strategies.runtime.buffers.step_io import ADMIT_INTS, StepIO
 
 # header fields
 (KIND, ITERATION, SET, TOKENS, SAMPLES, CTX_TOKENS, GEN_KMAX, TABLE_ROWS, TABLE_WIDTH, CHUNKS, OUTPUTS, ADMITS,

@@ -19,17 +19,18 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.clock import Clock
-from strategies.runtime.device import DeviceStream, DeviceWork
-from strategies.runtime.engine import MAX_STOP_IDS, BufferSet
-from strategies.runtime.memory import DeviceMemory
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.buffers.runtime_buffers import ID, RuntimeBuffers
+from strategies.runtime.buffers.step_io import StepIO
+from strategies.runtime.device.clock import Clock
+from strategies.runtime.device.nvtx import Nvtx
+from strategies.runtime.device.stream import DeviceStream, DeviceWork
+from strategies.runtime.engine import MAX_STOP_IDS
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.pipeline import messages as m
 from strategies.runtime.pipeline import stage_worker
 from strategies.runtime.pipeline.stage_model import stage_layers, stage_state
-from strategies.runtime.runtime_buffers import ID, RuntimeBuffers
-from strategies.runtime.step_io import StepIO
-from strategies.runtime.tracing import Nvtx
 
 
 class PipelineStream(DeviceStream):

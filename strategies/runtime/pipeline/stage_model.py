@@ -7,9 +7,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strategies.runtime.model import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
-from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.paged_attention import attention_indices
+from strategies.runtime.kv.paged_attention import attention_indices
+from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.models.llama import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
 
 
 def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:

@@ -18,14 +18,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from strategies.runtime.decoder_state import DecoderState
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.buffers.step_io import ADMIT_INTS
+from strategies.runtime.decoder.state import DecoderState
 from strategies.runtime.engine import MAX_STOP_IDS, script_model
-from strategies.runtime.kv_cache import KVCachePool
-from strategies.runtime.memory import DeviceMemory
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.kv.pool import KVCachePool
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.pipeline import messages as m
 from strategies.runtime.pipeline.stage_model import StageModel
-from strategies.runtime.step_io import ADMIT_INTS
 
 HOST = 0
 

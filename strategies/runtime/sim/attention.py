@@ -18,7 +18,7 @@ from functools import lru_cache
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from strategies.runtime.sim.cost import DeviceProfile
+    from strategies.runtime.sim.profile import DeviceProfile
 
 Q_TILE = 128  # queries per prefill thread block
 KV_TILE = 128  # keys per split unit of a decode sequence

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from strategies.runtime.clock import Clock
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.device.clock import Clock
+from strategies.runtime.device.nvtx import Nvtx
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.sim.config import SimConfig
-from strategies.runtime.sim.cost import CostModel, DeviceProfile
+from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.device import SimPipelineStream, SimStream, VirtualClock
 from strategies.runtime.sim.engine import SimEngine
+from strategies.runtime.sim.profile import DeviceProfile
 from strategies.runtime.sim.specs import resolve_model_spec
-from strategies.runtime.tracing import Nvtx
 
 
 def cost_model(sim: SimConfig) -> CostModel:
@@ -26,7 +27,7 @@ def sim_engine(model_cfg: ModelConfig, sim: SimConfig, clock: Clock, nvtx: Nvtx,
                stages: int = 1) -> tuple[SimStream, SimEngine]:
     """``stages`` > 1: the device split into pipeline stages (the pipeline strategy)."""
     if not isinstance(clock, VirtualClock):
-        raise ValueError("the simulated device needs a VirtualClock (strategies.base.make_clock)")
+        raise ValueError("the simulated device needs a VirtualClock (strategies.interface.make_clock)")
     cost = cost_model(sim)
     p = cost.profile
     stream = (SimPipelineStream(clock, nvtx, stages, p.launch_latency_s, p.sync_latency_s) if stages > 1

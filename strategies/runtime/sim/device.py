@@ -15,10 +15,10 @@ from contextlib import contextmanager
 
 import torch
 
-from strategies.runtime.clock import Clock
-from strategies.runtime.device import DeviceStream, DeviceWork, Piece
-from strategies.runtime.memory import DeviceMemory
-from strategies.runtime.tracing import Nvtx
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.device.clock import Clock
+from strategies.runtime.device.nvtx import Nvtx
+from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece
 
 
 class VirtualClock(Clock):

@@ -6,10 +6,11 @@ import numpy as np
 import torch
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.device import DeviceWork
-from strategies.runtime.encoder_buffers import EncoderBuffers
-from strategies.runtime.engine import BufferSet, Engine
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
+from strategies.runtime.device.stream import DeviceWork
+from strategies.runtime.engine import Engine
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.sim.cost import CostModel
 
 SIM_VOCAB = 512

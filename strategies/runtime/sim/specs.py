@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from strategies.runtime.checkpoint import resolve_model_config
-from strategies.runtime.model_config import PRESETS, ModelConfig
+from strategies.runtime.models.checkpoint import resolve_model_config
+from strategies.runtime.models.config import PRESETS, ModelConfig
 
 # Shapes as published in each model's Hugging Face config.json (bf16 weights).
 MODEL_SPECS: dict[str, ModelConfig] = {

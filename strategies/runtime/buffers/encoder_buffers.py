@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
 
 ID, POSITION = range(2)  # columns of ``tokens``
 

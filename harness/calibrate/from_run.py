@@ -20,8 +20,9 @@ import pandas as pd
 
 from harness.errors import UserError
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.sim.cost import CostModel, DeviceProfile
+from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.sim.cost import CostModel
+from strategies.runtime.sim.profile import DeviceProfile
 
 
 def _works(it: pd.DataFrame) -> list[BatchWork]:

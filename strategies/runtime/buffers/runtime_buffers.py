@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
 from strategies.runtime.request import Request
 
 ID, POSITION, SLOT, PAGE = range(4)  # columns of ``tokens``

@@ -17,7 +17,7 @@ Beam search: a slot has ``max_beam`` table rows (``tables [slots, max_beam, max_
 prompt's full blocks are written once, by beam 0's context step, and every beam's row lists them (held
 once, by the request). From the block holding the first generated position on, each beam holds blocks
 of its own and writes only its own positions; which beam's block a position is read from is the cache
-indirection's business (``beam_search.py``), so a reorder moves no KV and no block.
+indirection's business (``decoder/beam_search.py``), so a reorder moves no KV and no block.
 """
 
 from __future__ import annotations

@@ -34,7 +34,8 @@ from harness.errors import UserError
 from harness.io import atomic_write_text
 from harness.metrics import parse_goodput
 from harness.options import RunOptions
-from harness.suite import SuiteRun, assemble, complete, run_many
+from harness.suite.execute import assemble, run_many
+from harness.suite.spec import SuiteRun, complete
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from strategies.runtime.clock import Clock
-from strategies.runtime.compute import compute_budget
-from strategies.runtime.memory import DeviceMemory
-from strategies.runtime.tracing import Nvtx
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.device.clock import Clock
+from strategies.runtime.device.compute import compute_budget
+from strategies.runtime.device.nvtx import Nvtx
 
 Piece = tuple[str, Callable[[], None]]
 

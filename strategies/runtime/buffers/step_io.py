@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from strategies.runtime.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
 from strategies.runtime.request import Request
 
 ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, early_stopping, prompt_len; stop ids

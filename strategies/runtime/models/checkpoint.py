@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from strategies.runtime.model import LlamaModel
-from strategies.runtime.model_config import PRESETS, ModelConfig
+from strategies.runtime.models.config import PRESETS, ModelConfig
+from strategies.runtime.models.llama import LlamaModel
 
 _DTYPES = ("float32", "float64", "bfloat16", "float16")
 _SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
@@ -114,7 +114,7 @@ def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | s
 
 def _load_bart(path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor],
                device: torch.device | str) -> torch.nn.Module:
-    from strategies.runtime.bart import BartModel
+    from strategies.runtime.models.bart import BartModel
 
     for tied in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):
         state.pop(tied, None)  # all three are ``shared``

@@ -18,7 +18,8 @@ median of (measured - modelled) weighted by 1 / measured:
 - element-wise kernels and the embedding gather, each on its own: latency (``elem_kernel_s[op]``) +
   bytes / (bandwidth × ``elem_eff_bw[op]``), the bytes past half the L2 costing 1 + ``elem_spill[op]``;
   ``kernel_s`` (the KV write's launch) becomes their median.
-- attention (``*attention*.csv``): the decode and prefill thread-block parameters (harness/attention_profile.py).
+- attention (``*attention*.csv``): the decode and prefill thread-block parameters
+  (harness/calibrate/attention_profile.py).
 - the measured GEMMs themselves, by shape (``gemm_table``; strategies/runtime/sim/gemm_table.py): a
   simulated GEMM of a shape the tables measured costs what they measured at the next token count up.
   Its error is reported on counts it lacks: a table of every other count pricing the rest.
@@ -40,19 +41,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from harness.attention_profile import DECODE, PREFILL, fit_attention, load_attention, predict_attention
+from harness.calibrate.attention_profile import DECODE, PREFILL, fit_attention, load_attention, predict_attention
 from harness.errors import UserError
-from strategies.runtime.sim.cost import (
-    DTYPE_BYTES,
-    ELEM_EFF_DEFAULTS,
-    GEMMS,
-    DeviceProfile,
-    elementwise_bytes,
-    gemm_work,
-    ring_allreduce_bytes,
-    spilled_bytes,
-)
 from strategies.runtime.sim.gemm_table import GemmTable, gemm_key
+from strategies.runtime.sim.kernels import DTYPE_BYTES, GEMMS, elementwise_bytes, gemm_work, ring_allreduce_bytes
+from strategies.runtime.sim.profile import ELEM_EFF_DEFAULTS, DeviceProfile, spilled_bytes
 from strategies.runtime.sim.specs import GpuSpec
 
 SHAPE_COLUMNS = ["n_head", "n_kv_head", "n_embd", "n_expanded_embd", "num_tokens", "num_tensor_parallel_workers"]

@@ -26,8 +26,8 @@ from tqdm import tqdm
 from harness.app import execute
 from harness.errors import UserError
 from harness.options import RunOptions
-from harness.suite import RunResult, SuiteRun
-from strategies.runtime.compute import resolve_threads
+from harness.suite.spec import RunResult, SuiteRun
+from strategies.runtime.device.compute import resolve_threads
 
 MAX_RETRIES = 2
 

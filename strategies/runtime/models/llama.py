@@ -2,9 +2,9 @@
 
 The forward takes one flat list of tokens that mixes context (prefill) chunks and generation steps of
 different requests. Every token carries the page it writes its key and value to (the paged KV cache:
-``kv_cache.py``); attention reads a request's history back through its row of the step's block table,
+``kv/pool.py``); attention reads a request's history back through its row of the step's block table,
 so a request's history never has to travel with the batch. The module is TorchScript-compatible: on CPU the whole
-forward runs as one scripted call that releases the GIL (see ``device.py`` for why that matters).
+forward runs as one scripted call that releases the GIL (see ``device/cpu_worker.py`` for why that matters).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.paged_attention import paged_attention, step_indices
+from strategies.runtime.kv.paged_attention import paged_attention, step_indices
+from strategies.runtime.models.config import ModelConfig
 
 
 class RMSNorm(nn.Module):
@@ -154,7 +154,7 @@ class LlamaModel(nn.Module):
 def build_model(cfg: ModelConfig, device: torch.device | str = "cpu") -> nn.Module:
     """A model with seeded random weights (no hub access): the same config and seed give the same model."""
     if cfg.is_encoder_decoder:
-        from strategies.runtime.bart import build_bart
+        from strategies.runtime.models.bart import build_bart
 
         return build_bart(cfg).to(device=device, dtype=cfg.torch_dtype).eval().requires_grad_(False)
     gen = torch.Generator().manual_seed(cfg.seed)

@@ -9,16 +9,16 @@ slot freed by the host and handed to a new request is never seen half-updated by
 With beam search (``max_beam`` > 1) a slot owns ``max_beam`` beam rows: each beam's last token, running
 score and generated tokens; the request's finished hypotheses (tokens, length, score); whether HF's
 heuristic still allows an improvement; and one cache-indirection row per beam
-(``[slots * max_beam, max_seq_len]``: the beam row whose KV each position reads, ``beam_search.py``).
+(``[slots * max_beam, max_seq_len]``: the beam row whose KV each position reads, ``decoder/beam_search.py``).
 """
 
 from __future__ import annotations
 
 import torch
 
-from strategies.runtime.beam_search import beam_step
-from strategies.runtime.memory import DeviceMemory
-from strategies.runtime.sampler import sample
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.decoder.beam_search import beam_step
+from strategies.runtime.decoder.sampler import sample
 
 # Finish codes the device writes; the host maps them to reasons. DISCARDED marks a row computed for a
 # request the device already knew to be finished (overlap's one extra step; static's padding rows).

@@ -20,7 +20,7 @@ import pandas as pd
 
 from harness.errors import UserError
 from strategies.runtime.sim.attention import decode_attention_s, prefill_attention_s
-from strategies.runtime.sim.cost import DeviceProfile
+from strategies.runtime.sim.profile import DeviceProfile
 
 COLUMNS = ["n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "batch_size", "prefill_chunk_size",
            "kv_cache_size", "is_prefill"]

@@ -10,8 +10,8 @@ in ``tests/benchmarks/test_micro.py::test_decode_attention``).
 
 from __future__ import annotations
 
-from strategies.runtime.memory import DeviceMemory
-from strategies.runtime.model_config import ModelConfig
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.models.config import ModelConfig
 
 
 class KVCachePool:

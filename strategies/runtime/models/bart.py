@@ -16,8 +16,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from strategies.runtime.model_config import ModelConfig
-from strategies.runtime.paged_attention import generation_attention, paged_attention, step_indices
+from strategies.runtime.kv.paged_attention import generation_attention, paged_attention, step_indices
+from strategies.runtime.models.config import ModelConfig
 
 POSITION_OFFSET = 2  # BART's learned positions start at index 2 (TorchScript reads no globals: 2 below)
 

@@ -1,0 +1,1 @@
+"""Decoder state on the device: per-slot sampler state, the sampler, and beam search."""
