@@ -19,6 +19,8 @@ from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
 from strategies.runtime.request import Request, SamplingParams
 from tests.util import assert_accounted, make_requests, run_strategy
 
+pytestmark = pytest.mark.xdist_group("beams")  # one worker: its module fixture is built once
+
 NEW = 10
 # (prompt length, beam width, returned, length penalty, early stopping, stop ids besides EOS)
 CASES = [

@@ -14,6 +14,8 @@ from harness.metrics import request_metrics
 from harness.records import read_tokens
 from tests.util import wait_for_progress
 
+pytestmark = pytest.mark.xdist_group("cli")  # one worker: its module fixture is built once
+
 TINY = ["--model", "tiny", "--num-prompts", "40", "--input-len", "24", "--output-len", "12", "--max-batch-size", "8",
         "--max-seq-len", "64", "--warmup", "2", "--no-progress"]
 

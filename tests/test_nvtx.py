@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("nvtx")  # one worker: its module fixture is built once
+
 HERE = Path(__file__).parent
 HOST_PHASES = {"schedule", "prepare", "postprocess"}
 DEVICE_PHASES = {"forward", "sample"}

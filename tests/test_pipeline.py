@@ -26,6 +26,8 @@ from strategies.runtime.pipeline.messages import DIE, HANG
 from strategies.runtime.request import SamplingParams, Status
 from tests.util import TINY64, ListSource, assert_accounted, make_requests, run_strategy, tiny_models
 
+pytestmark = pytest.mark.xdist_group("pipeline")  # one worker: its module fixture is built once
+
 # Chunked prefill (32-token budget), preemption (max-utilization, 14 blocks of 8 tokens), prefix caching.
 CONFIG = ExecutorConfig(max_batch_size=6, max_seq_len=96, max_num_tokens=32, tokens_per_block=8, kv_blocks=14,
                         capacity_policy="max-utilization", chunked_prefill=True, prefix_caching=True,
@@ -84,8 +86,10 @@ def test_a_busy_run_chunks_preempts_and_overlaps_stages(pipeline):
     assert {r.micro_batch for r in recs} == {0, 1}
     for r in recs:  # within a micro-batch the stages run in order
         assert r.stage_start_s[0] <= r.stage_end_s[0] <= r.stage_start_s[1] <= r.stage_end_s[1]
-    overlapped = sum(b.stage_start_s[0] < a.stage_end_s[1] for a, b in itertools.pairwise(recs))
-    assert overlapped > 0  # micro-batch k+1 on stage 0 while k is on stage 1
+    # Two micro-batches in flight at once: k+1 is launched before k's tokens are read. (Whether the stages
+    # then compute them at the same moment is the machine's business: tests/benchmarks/test_pipeline_bench.py.)
+    in_flight_together = sum(b.launch_s < a.postprocess_start_s for a, b in itertools.pairwise(recs))
+    assert in_flight_together >= len(recs) // 2
     bubble = pipeline_bubble_fraction(iterations_frame(recs))
     assert 0 < bubble < 1
 
@@ -133,9 +137,12 @@ def test_micro_batches_hold_disjoint_requests(pipeline):
 
 @pytest.mark.parametrize("kind", [DIE, HANG])
 def test_a_stage_that_dies_or_hangs_ends_the_run(kind):
+    """A dead stage ends the run at once (its socket closes), long before the stage timeout; a silent one
+    ends it once the timeout has passed."""
     from harness.runner import run_strategy as run
 
-    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, pipeline_stages=2, stage_timeout_s=3.0)
+    timeout = 60.0 if kind == DIE else 3.0
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, pipeline_stages=2, stage_timeout_s=timeout)
     requests = make_requests(_specs([(8, 30)] * 4, 0.0, 1))
     s = get_strategy("pipeline")(TINY64, tiny_models()[1], cfg)
     s.inject_stage_fault(1 if kind == DIE else 0, 5, kind)
@@ -147,7 +154,10 @@ def test_a_stage_that_dies_or_hangs_ends_the_run(kind):
     took = time.perf_counter() - t
     s.close()
     assert not any(p.is_alive() for p in procs)
-    assert took < (2.0 if kind == DIE else 3.0 + 5.0)
+    if kind == DIE:
+        assert took < timeout / 2, took  # not the timeout
+    else:
+        assert timeout <= took < timeout + 30
     assert len(s.records) >= 5  # what ran before the fault is kept
     # through the harness: unfinished requests end failed with the reason, nothing lost
     requests = make_requests(_specs([(8, 30)] * 4, 0.0, 1))

@@ -136,6 +136,7 @@ def test_model_that_does_not_fit_is_a_clear_error(tmp_path):
     assert set(GPUS) >= {"a100", "h100", "h200", "l40s"}
 
 
+@pytest.mark.serial  # a real run's timing against its simulation
 def test_calibrated_simulation_tracks_the_real_run_on_tiny(tmp_path):
     """Fidelity (looser than the benchmark's 10% on `small`): calibrate on a real tiny run, simulate it."""
     common = ["--num-prompts", "150", "--request-rate", "120", "--input-len", "64", "--output-len", "32",

@@ -25,6 +25,7 @@ status, runs) and ``capacity_points.csv`` (every evaluation); the report draws t
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from harness.io import atomic_write_text
 from harness.metrics import parse_goodput
 from harness.options import RunOptions
 from harness.suite.execute import assemble, run_many
+from harness.suite.on_ray import ray_session
 from harness.suite.spec import SuiteRun, complete
 
 
@@ -92,43 +94,44 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
     points: list[dict] = []
     pending = {t: [spec.rate_lo, spec.rate_hi] for t in targets}
     interrupted, results = False, {}
-    while pending and not interrupted:
-        batch = [SuiteRun(f"{t}@rate={r:.8g}", t, {**targets[t][0], "request_rate": r},
-                          replace(targets[t][1], request_rate=r)) for t, rates in pending.items() for r in rates]
-        todo = [r for r in batch if not (resume and complete(out / r.name))]  # names are the rates: reusable
-        got_round, interrupted = run_many(todo, out, ray_address, progress)
-        results.update(got_round)
-        evaluated += batch
-        passed: dict[tuple[str, float], bool] = {}
-        for run in batch:
-            got = _attainment(out / run.name)
-            if got is None:
-                if not interrupted:  # an interrupted round's missing runs are not failures
-                    status[run.config] = f"failed at {run.opts.request_rate:g} req/s"
-                continue
-            attain, row = got
-            passed[run.config, run.opts.request_rate] = attain >= spec.min_fraction
-            points.append({"config": run.config, "request_rate": run.opts.request_rate, "slo_attainment": attain,
-                           "meets": attain >= spec.min_fraction, **_per_gpu_and_user(row, run.opts)})
-        pending = {}
-        for t, (lo, hi) in brackets.items():
-            if t in status:
-                continue
-            if (t, spec.rate_lo) in passed and (t, spec.rate_hi) in passed:  # the first round
-                if not passed[t, spec.rate_lo]:
-                    status[t] = "below range"
+    with ray_session(ray_address) if ray_address is not None else nullcontext():  # one Ray for every round
+        while pending and not interrupted:
+            batch = [SuiteRun(f"{t}@rate={r:.8g}", t, {**targets[t][0], "request_rate": r},
+                              replace(targets[t][1], request_rate=r)) for t, rates in pending.items() for r in rates]
+            todo = [r for r in batch if not (resume and complete(out / r.name))]  # names are the rates: reusable
+            got_round, interrupted = run_many(todo, out, ray_address, progress)
+            results.update(got_round)
+            evaluated += batch
+            passed: dict[tuple[str, float], bool] = {}
+            for run in batch:
+                got = _attainment(out / run.name)
+                if got is None:
+                    if not interrupted:  # an interrupted round's missing runs are not failures
+                        status[run.config] = f"failed at {run.opts.request_rate:g} req/s"
                     continue
-                if passed[t, spec.rate_hi]:
-                    status[t] = "at least rate_hi"
+                attain, row = got
+                passed[run.config, run.opts.request_rate] = attain >= spec.min_fraction
+                points.append({"config": run.config, "request_rate": run.opts.request_rate, "slo_attainment": attain,
+                               "meets": attain >= spec.min_fraction, **_per_gpu_and_user(row, run.opts)})
+            pending = {}
+            for t, (lo, hi) in brackets.items():
+                if t in status:
                     continue
-            mid = math.sqrt(lo * hi)
-            if (t, mid) in passed:
-                brackets[t] = [mid, hi] if passed[t, mid] else [lo, mid]
-                lo, hi = brackets[t]
-            if hi / lo <= 1 + spec.tolerance:
-                status[t] = "bracketed"
-            else:
-                pending[t] = [math.sqrt(lo * hi)]
+                if (t, spec.rate_lo) in passed and (t, spec.rate_hi) in passed:  # the first round
+                    if not passed[t, spec.rate_lo]:
+                        status[t] = "below range"
+                        continue
+                    if passed[t, spec.rate_hi]:
+                        status[t] = "at least rate_hi"
+                        continue
+                mid = math.sqrt(lo * hi)
+                if (t, mid) in passed:
+                    brackets[t] = [mid, hi] if passed[t, mid] else [lo, mid]
+                    lo, hi = brackets[t]
+                if hi / lo <= 1 + spec.tolerance:
+                    status[t] = "bracketed"
+                else:
+                    pending[t] = [math.sqrt(lo * hi)]
     table = _capacity_table(targets, brackets, status, pd.DataFrame(points), spec)
     atomic_write_text(out / "capacity.csv", table.to_csv(index=False))
     atomic_write_text(out / "capacity_points.csv", pd.DataFrame(points).to_csv(index=False))

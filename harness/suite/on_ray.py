@@ -19,6 +19,8 @@ import shutil
 import sys
 import tarfile
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from tqdm import tqdm
@@ -63,10 +65,11 @@ def unpack(archive: bytes, dest: Path) -> None:
     os.replace(staging, dest)
 
 
-def run_on_ray(runs: list[SuiteRun], out: Path, address: str, progress: bool,
-               die_in: frozenset[str] = frozenset()) -> tuple[dict[str, RunResult], bool]:
-    """Run ``runs`` as Ray tasks (a local Ray when ``address`` is empty); results by run name, and
-    whether Ctrl-C stopped it. ``die_in``: runs whose worker is killed (a test hook)."""
+@contextmanager
+def ray_session(address: str) -> Iterator[None]:
+    """Ray for as long as the block runs: a local Ray when ``address`` is empty, else a connection to
+    ``address``; one start for every round of a capacity search (a local start costs seconds). Shut down on
+    the way out only if this started it."""
     try:
         import ray
     except ImportError:
@@ -78,6 +81,25 @@ def run_on_ray(runs: list[SuiteRun], out: Path, address: str, progress: bool,
                      configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise UserError(f"--ray {address or '(local)'}: {exc}") from None
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_on_ray(runs: list[SuiteRun], out: Path, address: str, progress: bool,
+               die_in: frozenset[str] = frozenset()) -> tuple[dict[str, RunResult], bool]:
+    """Run ``runs`` as Ray tasks (a local Ray when ``address`` is empty, unless a ``ray_session`` is open);
+    results by run name, and whether Ctrl-C stopped it. ``die_in``: runs whose worker is killed (a test hook)."""
+    with ray_session(address):
+        return _run_tasks(runs, out, progress, die_in)
+
+
+def _run_tasks(runs: list[SuiteRun], out: Path, progress: bool,
+               die_in: frozenset[str]) -> tuple[dict[str, RunResult], bool]:
+    import ray
+
     task = ray.remote(run_remote)
     pending = {task.options(num_cpus=cpus_for(r.opts), max_retries=MAX_RETRIES).remote(r.opts, r.name,
                                                                                         r.name in die_in): r
@@ -106,6 +128,4 @@ def run_on_ray(runs: list[SuiteRun], out: Path, address: str, progress: bool,
             ray.cancel(ref, force=True)
     finally:
         bar.close()
-        if started:
-            ray.shutdown()
     return results, interrupted

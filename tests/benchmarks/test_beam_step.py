@@ -10,6 +10,7 @@ the cost the indirection exists to avoid. The bound: (a) <= 1.5 x (b). ``extra_i
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from strategies.config import ExecutorConfig
@@ -22,6 +23,7 @@ from strategies.runtime.request import Request, SamplingParams
 from tests.benchmarks.test_micro import interleaved
 
 SMALL = PRESETS["small"]
+pytestmark = pytest.mark.serial  # timings: run alone, after the parallel part
 ROWS, K, NEW = 32, 4, 64
 
 

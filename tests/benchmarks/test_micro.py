@@ -3,8 +3,9 @@
 The test command runs every one once with benchmarking disabled (``--benchmark-disable`` in addopts):
 each then times itself (a median of repeats) and asserts its bound, so CI catches a regression without
 the full statistics. For real numbers: ``python -m pytest tests/benchmarks --benchmark-only
---benchmark-enable`` (see the README). Bounds are ratios to the ``small`` decode step at batch 32
-measured in the same session, so a slower or busier machine moves both sides.
+--benchmark-enable`` (see the README). Bounds are ratios to the ``small`` decode step at batch 32, timed
+in turn with the function under test (a, step, a, step, ...), so a slower or busier machine moves both
+sides of every ratio alike.
 """
 
 from __future__ import annotations
@@ -35,35 +36,30 @@ from strategies.scheduler import IterationScheduler
 from tests.util import ListSource
 
 torch.set_num_threads(1)
+pytestmark = pytest.mark.serial  # timings: run alone, after the parallel part
 SMALL = PRESETS["small"]
 
 
-def measure(benchmark, fn, rounds: int = 30, warmup: int = 3, setup=None) -> float:
-    """Median seconds per call of ``fn(*setup())`` (setup untimed): pytest-benchmark's when it runs,
-    else our own (CI's smoke run)."""
+def measure(benchmark, fn, rounds: int = 30, warmup: int = 3, setup=None) -> None:
+    """pytest-benchmark's statistics of ``fn(*setup())`` (setup untimed) when it runs (``--benchmark-enable``);
+    with it disabled (the test command) only the bound is timed, by ``interleaved``."""
+    if benchmark.disabled:
+        benchmark(lambda: None)  # the fixture must be used once
+        return
     setup = setup or (lambda: ())
-    if not benchmark.disabled:
-        benchmark.pedantic(fn, setup=lambda: (setup(), {}), rounds=rounds, warmup_rounds=warmup)
-        return benchmark.stats.stats.median
-    times = []
-    for i in range(warmup + rounds):
-        args = setup()
-        t = time.perf_counter()
-        fn(*args)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    benchmark(lambda: None)  # the fixture must be used once
-    return statistics.median(times)
+    benchmark.pedantic(fn, setup=lambda: (setup(), {}), rounds=rounds, warmup_rounds=warmup)
 
 
-def interleaved(*fns, rounds: int, warmup: int = 3) -> tuple[float, ...]:
+def interleaved(*fns, rounds: int, warmup: int = 3, setup=None) -> tuple[float, ...]:
     """Median seconds per call of functions timed in turn (a, b, a, b, ...), so that a machine getting
-    busier or a cache warming up moves every side of a ratio alike."""
+    busier or a cache warming up moves every side of a ratio alike. ``setup`` (untimed) makes the first
+    function's arguments for each call."""
     times: list[list[float]] = [[] for _ in fns]
     for i in range(warmup + rounds):
-        for fn, out in zip(fns, times, strict=True):
+        for j, (fn, out) in enumerate(zip(fns, times, strict=True)):
+            args = setup() if setup is not None and j == 0 else ()
             t = time.perf_counter()
-            fn()
+            fn(*args)
             if i >= warmup:
                 out.append(time.perf_counter() - t)
     return tuple(statistics.median(out) for out in times)
@@ -74,8 +70,9 @@ def _requests(n: int, prompt: int = 128) -> list[Request]:
 
 
 @pytest.fixture(scope="module")
-def decode_step_s() -> float:
-    """The reference: one forward + sample of `small` at batch 32, context ~190, on the device worker."""
+def decode_step():
+    """The reference: one forward + sample of `small` at batch 32, context ~190, on the device worker, as a
+    function (prepare, launch, wait) that each bound times in turn with what it bounds."""
     s = get_strategy("inflight")(SMALL, script_model(build_model(SMALL)), ExecutorConfig(max_batch_size=32,
                                                                                           max_seq_len=512))
     try:
@@ -83,14 +80,15 @@ def decode_step_s() -> float:
         for r in reqs:
             s._admit(r, [], r.prompt_len + 64)
         batch = ScheduledBatch(0, generation=[GenerationStep(r, r.prompt_len + 30) for r in reqs])
-        bufs, times = s.engine.buffer_sets[0], []
-        for i in range(40):
+        bufs = s.engine.buffer_sets[0]
+
+        def step() -> None:
             s.engine.prepare(batch, bufs, s.kv.tables)
-            work = s.engine.launch(i, bufs)
-            s.stream.wait(work)
-            if i >= 10:
-                times.append(work.times["sample"][1] - work.times["forward"][0])
-        return statistics.median(times)
+            s.stream.wait(s.engine.launch(0, bufs))
+
+        for _ in range(5):  # TorchScript's first calls optimise the graph
+            step()
+        yield step
     finally:
         s.close()
 
@@ -145,19 +143,10 @@ def test_decode_attention(benchmark, layout):
     assert paged_s <= 1.5 * dense_s, f"paged {paged_s * 1e6:.0f} us vs dense {dense_s * 1e6:.0f} us"
 
 
-class _Disabled:
-    """Stands in for the fixture when a test times a second function for its ratio."""
-
-    disabled = True
-
-    def __call__(self, fn):
-        return fn()
-
-
 # --- host-side work per iteration, against the device step it feeds ---------------------------------
 @pytest.mark.parametrize("batch", [1, 32, 256])
 @pytest.mark.parametrize("mode", ["greedy", "top-p"])
-def test_sampler(benchmark, batch, mode, decode_step_s):
+def test_sampler(benchmark, batch, mode, decode_step):
     """The sampler at `small`'s vocabulary (and 32k at batch 256): greedy within 10% of a step of the
     same batch; top-p's filters need the vocabulary sorted (HF's semantics), and cost at most half again
     that sort plus 5% of a step in fixed costs."""
@@ -172,25 +161,23 @@ def test_sampler(benchmark, batch, mode, decode_step_s):
         sample(logits, temp, top_k, top_p, min_p, seeds, steps, filters, random)
 
     if mode == "greedy":
-        t = measure(benchmark, run, rounds=10)
-        budget = 0.1 * decode_step_s * max(1.0, batch / 32) * vocab / SMALL.vocab_size
+        measure(benchmark, run, rounds=10)
+        t, step = interleaved(run, decode_step, rounds=10)
+        budget = 0.1 * step * max(1.0, batch / 32) * vocab / SMALL.vocab_size
     else:
-        if benchmark.disabled:
-            benchmark(lambda: None)  # the fixture must be used once
-        else:  # pytest-benchmark's statistics of the whole filtered sampler
-            measure(benchmark, run, rounds=10)
+        measure(benchmark, run, rounds=10)  # pytest-benchmark's statistics of the whole filtered sampler
         # The filters against the sort, timed in turn. Not as (filtered sampler - plain sampler): that
         # difference of two noisy ~1 s figures moved by 30% between runs at batch 256.
         scaled = logits / temp.unsqueeze(1)
-        t, sort = interleaved(lambda: filter_logits(scaled, top_k, top_p, min_p),
-                              lambda: torch.sort(logits, dim=-1, descending=True),
-                              rounds=5 if batch == 256 else 20, warmup=1)
-        budget = 1.5 * sort + 0.05 * decode_step_s  # the filters' dozen fixed-cost ops
+        t, sort, step = interleaved(lambda: filter_logits(scaled, top_k, top_p, min_p),
+                                    lambda: torch.sort(logits, dim=-1, descending=True), decode_step,
+                                    rounds=5 if batch == 256 else 20, warmup=1)
+        budget = 1.5 * sort + 0.05 * step  # the filters' dozen fixed-cost ops
     assert t <= budget, f"{t * 1e3:.2f} ms > {budget * 1e3:.2f} ms"
 
 
 @pytest.mark.parametrize("rows", [8, 64, 256])
-def test_buffer_preparation(benchmark, rows, decode_step_s):
+def test_buffer_preparation(benchmark, rows, decode_step):
     """Host-side fill of runtime buffers + step I/O for one generation step: ≤ 5% of a batch-32 step
     per 32 rows."""
     memory = DeviceMemory(torch.device("cpu"), split=True)
@@ -209,12 +196,13 @@ def test_buffer_preparation(benchmark, rows, decode_step_s):
         rb.fill(batch, kv.tables, order)
         io.fill(order, batch.admitted, 2)
 
-    t = measure(benchmark, prepare, rounds=50)
-    assert t <= 0.05 * decode_step_s * max(1.0, rows / 32)
+    measure(benchmark, prepare, rounds=50)
+    t, step = interleaved(prepare, decode_step, rounds=30)
+    assert t <= 0.05 * step * max(1.0, rows / 32)
 
 
 @pytest.mark.parametrize("waiting", [1, 32, 512])
-def test_scheduler_step(benchmark, waiting, decode_step_s):
+def test_scheduler_step(benchmark, waiting, decode_step):
     """One in-flight schedule admitting into 64 slots from a queue of ``waiting``: ≤ 10% of a step."""
     cfg = ExecutorConfig(max_batch_size=64, max_num_tokens=4096, max_seq_len=512)
 
@@ -233,12 +221,13 @@ def test_scheduler_step(benchmark, waiting, decode_step_s):
 
         sched.schedule(0, queue, running, len(free), admit, lambda r: None)
 
-    t = measure(benchmark, step, rounds=20, setup=setup)
-    assert t <= 0.1 * decode_step_s
+    measure(benchmark, step, rounds=20, setup=setup)
+    t, decode = interleaved(step, decode_step, rounds=20, setup=setup)
+    assert t <= 0.1 * decode
 
 
 @pytest.mark.parametrize("caching", [False, True])
-def test_block_manager_churn(benchmark, caching, decode_step_s):
+def test_block_manager_churn(benchmark, caching, decode_step):
     """256 requests take blocks for ~200 tokens and let them go (hashing them when caching): ≤ 10%
     of a step."""
     kv = BlockManager(100_000, 16, 256, 64, prefix_caching=caching)
@@ -252,11 +241,13 @@ def test_block_manager_churn(benchmark, caching, decode_step_s):
         for i, r in enumerate(reqs):
             kv.release(i, r)
 
-    assert measure(benchmark, churn, rounds=10) <= 0.1 * decode_step_s * 8
+    measure(benchmark, churn, rounds=10)
+    t, step = interleaved(churn, decode_step, rounds=10)
+    assert t <= 0.1 * step * 8
 
 
 @pytest.mark.parametrize("name", ["static", "inflight", "overlap"])
-def test_iteration_host_overhead(benchmark, name, decode_step_s):
+def test_iteration_host_overhead(benchmark, name, decode_step):
     """Host time (schedule + prepare + postprocess) per iteration of whole runs: ≤ 25% of a step."""
     cfg = PRESETS["tiny"]
     scripted = script_model(build_model(cfg))
@@ -273,11 +264,13 @@ def test_iteration_host_overhead(benchmark, name, decode_step_s):
                                    + (r.postprocess_end_s - r.postprocess_start_s) for r in s.records])))
 
     measure(benchmark, run, rounds=3, warmup=1)
+    host.clear()
+    _, step = interleaved(run, decode_step, rounds=3, warmup=0)
     benchmark.extra_info["host_ms_per_iteration"] = statistics.median(host) * 1e3
-    assert statistics.median(host) <= 0.25 * decode_step_s
+    assert statistics.median(host) <= 0.25 * step
 
 
-def test_instrumentation_cost(benchmark, decode_step_s):
+def test_instrumentation_cost(benchmark, decode_step):
     """What one iteration's instrumentation costs the host (six NVTX ranges through the helper with no
     tool attached, and one iteration record): ≤ 1% of a step."""
     from strategies.runtime.iteration import ITERATION_COLUMNS, IterationRecord
@@ -292,6 +285,8 @@ def test_instrumentation_cost(benchmark, decode_step_s):
         for name in ITERATION_COLUMNS[1:]:
             setattr(rec, name, 1)
 
-    t = measure(benchmark, lambda: [iteration() for _ in range(100)], rounds=20) / 100
-    benchmark.extra_info["us_per_iteration"] = t * 1e6
-    assert t <= 0.01 * decode_step_s
+    hundred = lambda: [iteration() for _ in range(100)]  # noqa: E731
+    measure(benchmark, hundred, rounds=20)
+    t, step = interleaved(hundred, decode_step, rounds=20)
+    benchmark.extra_info["us_per_iteration"] = t / 100 * 1e6
+    assert t / 100 <= 0.01 * step

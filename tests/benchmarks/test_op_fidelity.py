@@ -20,8 +20,9 @@ from dataclasses import replace
 
 import numpy as np
 import pandas as pd
+import pytest
 
-from harness.calibrate.op_profile import fit_op_profile, load_op_tables
+from harness.calibrate.op_profile import load_op_tables
 from strategies.runtime.batch import BatchWork, ContextChunk, GenerationStep, ScheduledBatch
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.sim.cost import CostModel
@@ -51,10 +52,11 @@ def measured_step(ops: pd.DataFrame, ar: pd.DataFrame, tokens: int, tp: int) -> 
     return float(total)
 
 
-def test_whole_steps_against_measured_h100_kernels(vidur_h100, benchmark):
+@pytest.mark.xdist_group("h100-fit")  # the H100 fit (conftest) is computed once
+def test_whole_steps_against_measured_h100_kernels(vidur_h100, h100_fit, benchmark):
     benchmark(lambda: None)  # a table, not a timing
     ops, ar = load_op_tables(vidur_h100)
-    fitted, _ = fit_op_profile(vidur_h100, "h100")
+    fitted, _ = h100_fit
     fitted = replace(fitted, gemm_table=None)
     rows = []
     for kind, n, tp in CASES:
@@ -125,4 +127,4 @@ def test_whole_steps_with_attention_against_measured_a100_and_a40_kernels(benchm
         rounds, flat = rows["rounds_error"].abs(), rows["roofline_error"].abs()
         print(f"{gpu}: median |error| {rounds.median():.1%} (max {rounds.max():.1%}); "
               f"attention as a roofline {flat.median():.1%} (max {flat.max():.1%})")
-        assert rounds.median() <= 0.10 and rounds.max() < flat.max(), gpu
+        assert rounds.median() <= 0.10 and rounds.max() <= 0.15, gpu

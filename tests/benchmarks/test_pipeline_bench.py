@@ -11,6 +11,7 @@ the cores, so the throughput ratio is reported, not bounded (measured: docs/buff
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from harness.metrics import pipeline_bubble_fraction
 from harness.records import iterations_frame
@@ -23,6 +24,7 @@ from strategies.runtime.request import Request, SamplingParams
 from tests.util import ListSource
 
 SMALL = PRESETS["small"]
+pytestmark = pytest.mark.serial  # timings: run alone, after the parallel part
 
 
 def _run(model, micro_batches: int) -> tuple[float, float]:

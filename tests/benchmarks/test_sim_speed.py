@@ -1,7 +1,8 @@
 """How fast the simulated device runs: its speed is the harness's own host code per iteration (the real
 scheduler, buffers and sampler run; only the forward is a stand-in). Reported as iterations per second
 of the strategy loop alone (imports and writing excluded) in ``extra_info``; ``--benchmark-enable`` for
-the statistics. The bound catches an order-of-magnitude regression, not noise."""
+the statistics. Seconds on the clock depend on the machine, so the test command leaves these out:
+``python -m pytest -m speed -s tests/benchmarks`` runs them and prints each figure."""
 
 import time
 
@@ -23,6 +24,7 @@ CASES = {
 }
 
 
+@pytest.mark.speed
 @pytest.mark.parametrize("case", list(CASES))
 def test_simulated_iterations_per_second(benchmark, case):
     opts, max_s_per_iteration = CASES[case]

@@ -87,8 +87,8 @@ class PipelineEngine:
         sizes = {"num_slots": num_slots, "max_seq_len": max_seq_len, "max_tokens": max_tokens, "max_batch": max_batch,
                  "num_buffer_sets": num_buffer_sets, "num_blocks": num_blocks, "tokens_per_block": tokens_per_block}
         full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-        store = dist.TCPStore("127.0.0.1", 0, stages + 1, is_master=True, timeout=timedelta(seconds=timeout_s),
-                              wait_for_workers=False)  # port 0: the OS picks a free one
+        store = dist.TCPStore("127.0.0.1", 0, stages + 1, is_master=True,  # port 0: the OS picks a free one
+                              timeout=stage_worker.startup_timeout(timeout_s), wait_for_workers=False)
         port = store.port
         ctx = mp.get_context("spawn")
         self.procs = []

@@ -28,16 +28,22 @@ from strategies.runtime.pipeline import messages as m
 from strategies.runtime.pipeline.stage_model import StageModel
 
 HOST = 0
+STARTUP_TIMEOUT_S = 60.0  # the least time a stage group gets to form
 
 
 def connect(port: int, rank: int, world: int, timeout_s: float) -> tuple[dist.ProcessGroupGloo, dist.TCPStore]:
     """A gloo group of its own (not torch.distributed's default group), so that one process may hold
     several pipelines — a warm-up's and a run's, or a test's — one after another or at once. The host
     (rank 0) owns the store; a stage connects to it. The store must live as long as the group."""
-    timeout = timedelta(seconds=timeout_s)
-    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == HOST, timeout=timeout,
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == HOST, timeout=startup_timeout(timeout_s),
                           wait_for_workers=False)
-    return dist.ProcessGroupGloo(store, rank, world, timeout), store
+    return dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s)), store
+
+
+def startup_timeout(timeout_s: float) -> timedelta:
+    """How long the group may take to form: a stage process imports torch and scripts its layers first,
+    which on a loaded machine takes seconds; ``--stage-timeout`` bounds a silent stage once it serves."""
+    return timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S))
 
 
 class StageSpec:
