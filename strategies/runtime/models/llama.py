@@ -9,6 +9,8 @@ forward runs as one scripted call that releases the GIL (see ``device/cpu_worker
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -29,16 +31,36 @@ class RMSNorm(nn.Module):
         return self.weight * xf.to(x.dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """RoPE angles per position, [D/2], in float32 whatever the model dtype, as Hugging Face computes them."""
-    return 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2).float() / cfg.head_dim))
+def rope_inv_freq(rope_theta: float, head_dim: int) -> torch.Tensor:
+    """RoPE's inverse frequencies, [D/2], in float32, as Hugging Face computes them."""
+    return 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
+
+
+class RopeAngles(nn.Module):
+    """RoPE's inverse frequencies, kept in float32 whatever the model's dtype, as Hugging Face keeps them.
+
+    Rounded to bfloat16 (8 bits of mantissa) an inverse frequency is off by up to 0.2%, so the angle at
+    position 3,000 is off by radians: a cast of the model (``.to(bfloat16)``, ``.half()``) must move them
+    to its device and leave their precision alone. ``_apply`` (every cast and move goes through it)
+    recomputes them in float32 on wherever the cast put them."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.rope_theta, self.head_dim = cfg.rope_theta, cfg.head_dim
+        self.register_buffer("inv_freq", rope_inv_freq(cfg.rope_theta, cfg.head_dim), persistent=False)  # [D/2]
+
+    def _apply(self, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True) -> RopeAngles:
+        super()._apply(fn, recurse)
+        self.inv_freq = rope_inv_freq(self.rope_theta, self.head_dim).to(self.inv_freq.device)
+        return self
 
 
 @torch.jit.script
 def rope_tables(positions: torch.Tensor, inv_freq: torch.Tensor,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [T, 1, D] of each token's position, broadcast over heads."""
-    freqs = positions.float().unsqueeze(1) * inv_freq.float().unsqueeze(0)  # [T, D/2]
+    """cos and sin [T, 1, D] of each token's position, broadcast over heads: angles in float32 (positions
+    times float32 inverse frequencies, HF's ``inv_freq @ position_ids`` with autocast off), then cast."""
+    freqs = positions.float().unsqueeze(1) * inv_freq.unsqueeze(0)  # [T, D/2] float32
     emb = torch.cat((freqs, freqs), dim=-1)  # [T, D]
     return emb.cos().to(dtype).unsqueeze(1), emb.sin().to(dtype).unsqueeze(1)
 
@@ -112,8 +134,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        # RoPE angles in float32 whatever the model dtype, exactly as Hugging Face computes them.
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [D/2]
+        self.rope = RopeAngles(cfg)
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, kv_index: torch.Tensor,
                 k_pools: torch.Tensor, v_pools: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
@@ -123,7 +144,7 @@ class LlamaModel(nn.Module):
         indices of every key a later context chunk reads; gen_kv [G*K] / gen_mask [1, G, 1, K]: the
         generation rows' pages and the additive mask (0 or -inf) of what each row may see."""
         x = self.embed_tokens(token_ids)  # [T, hidden]
-        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)  # [T, 1, D]
+        cos, sin = rope_tables(positions, self.rope.inv_freq, x.dtype)  # [T, 1, D]
         layer = 0
         for block in self.layers:
             x = block(x, cos, sin, k_pools[layer], v_pools[layer], kv_index, ctx_starts, ctx_lens, ctx_pos0,

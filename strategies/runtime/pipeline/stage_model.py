@@ -9,7 +9,7 @@ from torch import nn
 
 from strategies.runtime.kv.paged_attention import attention_indices
 from strategies.runtime.models.config import ModelConfig
-from strategies.runtime.models.llama import DecoderLayer, RMSNorm, rope_inv_freq, rope_tables
+from strategies.runtime.models.llama import DecoderLayer, RMSNorm, RopeAngles, rope_tables
 
 
 def stage_layers(num_layers: int, stages: int) -> list[tuple[int, int]]:
@@ -32,7 +32,7 @@ class StageModel(nn.Module):
         self.layers = nn.ModuleList([DecoderLayer(cfg) for _ in range(first_layer, end_layer)])
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size if last else 1, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)  # [D/2]
+        self.rope = RopeAngles(cfg)
 
     @torch.jit.export
     def step(self, tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
@@ -47,7 +47,7 @@ class StageModel(nn.Module):
         ctx_kv, gen_kv, gen_mask = attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
                                                      num_ctx_tokens, gen_kmax, tokens_per_block, no_beams, 1, k_pools)
         x = self.embed_tokens(tokens[:, 0]) if self.first else hidden_in
-        cos, sin = rope_tables(positions, self.inv_freq, x.dtype)  # [T, 1, D]
+        cos, sin = rope_tables(positions, self.rope.inv_freq, x.dtype)  # [T, 1, D]
         layer = 0
         for block in self.layers:
             x = block(x, cos, sin, k_pools[layer], v_pools[layer], tokens[:, 3], ctx_starts, ctx_lens, ctx_pos0,
