@@ -84,9 +84,8 @@ def load_model(opts: RunOptions) -> tuple:
         cfg = resolve_model_config(opts.model).with_dtype(opts.dtype or "float32")
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    device = "cpu" if opts.device == "cpu" else opts.device
-    try:
-        model = build_model(cfg, device) if opts.model in PRESETS else load_checkpoint(opts.model, cfg, device)
+    try:  # the host's model; each engine places a copy of its own on the device (DeviceMemory.place)
+        model = build_model(cfg) if opts.model in PRESETS else load_checkpoint(opts.model, cfg)
     except ValueError as exc:
         raise UserError(str(exc)) from None
     return cfg, (script_model(model) if opts.compile else model)

@@ -23,8 +23,9 @@ from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.slots import SlotManager
 from strategies.runtime.decoder.state import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.device.clock import Clock
+from strategies.runtime.device.factory import make_stream
 from strategies.runtime.device.nvtx import Nvtx
-from strategies.runtime.device.stream import DeviceWork, make_stream
+from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.engine import Engine
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
@@ -55,14 +56,8 @@ class Strategy(Executor):
         elif self.separate_processes:
             self.stream, self.engine = self._process_engine(sizes)
         else:
-            self.stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory)
-            if model_cfg.is_encoder_decoder:
-                from strategies.runtime.encdec_engine import EncoderDecoderEngine
-
-                self.engine = EncoderDecoderEngine(model_cfg, model, self.stream, cross_blocks=c.total_cross_kv_blocks,
-                                                   **sizes)
-            else:
-                self.engine = Engine(model_cfg, model, self.stream, **sizes)
+            self.stream, self.engine = self._local_engine(sizes)
+        self.stream.ready()  # the engine's tensors exist: the device orders its work after their fills
         self.slots = SlotManager(c.max_batch_size)
         self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
                                c.prefix_caching, c.max_beam_width)
@@ -89,6 +84,21 @@ class Strategy(Executor):
 
     def inject_fault(self, iteration: int) -> None:
         self.engine.fault_at_iteration = iteration
+
+    def _local_engine(self, sizes: dict) -> tuple:
+        """(stream, engine) of a device this process drives: the CPU worker or a CUDA stream."""
+        c = self.config
+        stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory)
+        try:
+            if self.model_cfg.is_encoder_decoder:
+                from strategies.runtime.encdec_engine import EncoderDecoderEngine
+
+                return stream, EncoderDecoderEngine(self.model_cfg, self.model, stream,
+                                                    cross_blocks=c.total_cross_kv_blocks, **sizes)
+            return stream, Engine(self.model_cfg, self.model, stream, **sizes)
+        except BaseException:  # a refused size: no worker thread or CPU budget is left behind
+            stream.close()
+            raise
 
     def _process_engine(self, sizes: dict) -> tuple:
         """(stream, engine) of a device made of other processes (pipeline stages)."""

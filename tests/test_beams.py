@@ -235,26 +235,3 @@ def test_trace_line_with_bad_beam_fields_names_file_and_line(tmp_path):
                      '{"arrival_s": 1, "input_tokens": 5, "output_tokens": 2, "early_stopping": "maybe"}\n')
     p = slotbench("run", *TINY, "--trace", str(trace), "--out", str(tmp_path / "x"))
     assert p.returncode == 2 and f"{trace}:2: early_stopping: 'maybe'" in p.stderr, p.stderr
-
-
-def test_device_step_reads_nothing_back_to_the_host():
-    """No op in the step's TorchScript (forward with the cache indirection, sampler, beam search) turns a
-    tensor into a host scalar: on CUDA each would be a sync inside the step, and overlap would stop
-    overlapping. (A shape read, prim::size, is host metadata and allowed.)"""
-    import re
-
-    from strategies.runtime.decoder import state as decoder_state
-    from strategies.runtime.decoder.beam_search import beam_step
-    from strategies.runtime.models.config import PRESETS
-    from strategies.runtime.models.llama import build_model
-
-    model = script_model(build_model(PRESETS["tiny"]))
-    graphs = {"LlamaModel.step": model.step.graph, "beam_step": beam_step.graph,
-              "sample_and_apply": decoder_state._sample_and_apply.graph,
-              "admit_beams": decoder_state._admit_beams.graph}
-    syncing = re.compile(r"aten::(item|Int|Float|Bool|tolist|cpu|nonzero|_local_scalar_dense|ScalarImplicit)\b")
-    for name, graph in graphs.items():
-        g = graph.copy()
-        torch._C._jit_pass_inline(g)  # the called methods and functions too
-        assert "aten::topk" in str(g) or name != "beam_step"
-        assert not syncing.findall(str(g)), f"{name} reads a tensor back: {sorted(set(syncing.findall(str(g))))}"

@@ -177,4 +177,6 @@ def test_gpu_check_script_runs_in_split_memory():
     p = subprocess.run([sys.executable, str(script), "--device", "cpu"], capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout + p.stderr
     lines = p.stdout.strip().splitlines()
-    assert lines[-1] == "16/16 checks passed" and sum(line.startswith("PASS ") for line in lines) == 16
+    passed = sum(line.startswith("PASS ") for line in lines)
+    assert lines[-1] == f"{passed}/{passed} checks passed" and passed >= 20, p.stdout
+    assert not any(line.startswith("FAIL ") for line in lines)

@@ -64,4 +64,4 @@ class EncoderDecoderEngine(Engine):
                         rb.rows.dev[:rb.num_samples], self.state.last_token_rows, self._k, self._v, rb.logits,
                         self.state.indirection, self.state.max_beam, enc.output[:enc.num_fill],
                         enc.fill.dev[:enc.num_fill], self.cross.k, self.cross.v, enc.device_cross_table(),
-                        enc.cross_lens, max(enc.cross_lens, default=0))
+                        enc.cross_lens, enc.cross_len.dev[:len(enc.cross_lens)], max(enc.cross_lens, default=0))

@@ -32,10 +32,15 @@ class EncoderBuffers:
         self.output = memory.zeros((max_tokens, hidden), dtype)  # [E, hidden] each request's encoder output
         self.fill = Mirrored(memory, (max_tokens,), torch.int64)  # [F] cross page of each output row
         self.cross_table = Mirrored(memory, (max_rows * max_blocks,), torch.int64)  # [R * Wc] viewed [R, Wc]
+        # [R] encoder length of each request row, for the generation rows' cross-attention mask: staged like
+        # every other step input (a list turned into a tensor inside the step is a blocking copy on CUDA)
+        self.cross_len = Mirrored(memory, (max_rows,), torch.int64)
         self._arange = np.arange(max_len, dtype=np.int64)
         self.starts: list[int] = []  # host ints: the encoder's segments (they shape its kernels)
         self.lens: list[int] = []
-        self.cross_lens: list[int] = []  # encoder length of each request row of the step, block-table order
+        # encoder length of each request row of the step, block-table order: host ints (a context chunk's
+        # shape their kernels), and ``cross_len`` on the device
+        self.cross_lens: list[int] = []
         self.num_tokens = self.num_fill = 0
         self.table_shape = (0, 0)
 
@@ -57,6 +62,7 @@ class EncoderBuffers:
         self.num_tokens = self.num_fill = off
         reqs = [c.request for c in batch.context] + [g.request for g in batch.generation]
         self.cross_lens = [r.encoder_len for r in reqs]
+        self.cross_len.np[:len(reqs)] = self.cross_lens
         width = -(-max(self.cross_lens, default=0) // tpb)
         self.table_shape = (len(reqs), width)
         slots = [r.slot for r in reqs]
@@ -68,6 +74,7 @@ class EncoderBuffers:
     def upload_cross(self) -> None:
         self.fill.upload(self.num_fill)
         self.cross_table.upload(self.table_shape[0] * self.table_shape[1])
+        self.cross_len.upload(len(self.cross_lens))
 
     def device_cross_table(self) -> torch.Tensor:
         r, w = self.table_shape

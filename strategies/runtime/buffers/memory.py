@@ -56,10 +56,9 @@ class DeviceMemory:
         return torch.zeros_like(host, device=self.device) if self.split else host
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:
-        """The model's weights on the device: moved to the GPU, copied when split, shared otherwise."""
-        if self.device.type == "cuda":
-            return module.to(self.device)
-        return copy.deepcopy(module) if self.split else module
+        """The device's own copy of the model's weights (split: a copy on the device, CUDA or CPU alike; the
+        caller's module is never moved or changed), or, shared, the host's module itself."""
+        return copy.deepcopy(module).to(self.device) if self.split else module
 
     def upload(self, dev: torch.Tensor, host: torch.Tensor, n: int) -> None:
         """Host → device: rows [0, n) of a staging buffer, issued on the current stream."""

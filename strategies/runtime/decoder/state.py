@@ -102,7 +102,9 @@ def _admit(slots: torch.Tensor, ints: torch.Tensor, floats: torch.Tensor, gen_le
     top_p[slots] = floats[:, 1]
     min_p[slots] = floats[:, 2]
     length_penalty[slots] = floats[:, 3]
-    finished[slots] = False
+    # index_fill_ with a scalar: ``x[slots] = False`` would make the scalar a device tensor first (a copy
+    # from the host on CUDA; tests/test_host_syncs.py)
+    finished.index_fill_(0, slots, False)
 
 
 @torch.jit.script
@@ -113,16 +115,16 @@ def _admit_beams(slots: torch.Tensor, max_beam: int, beam_score: torch.Tensor, h
     # prompt once instead of K identical beams; hypotheses start as -1e9 placeholders.
     neg = -1.0e9  # beam_search.NEG (TorchScript reads no module globals)
     init = torch.full((max_beam,), neg, dtype=beam_score.dtype, device=beam_score.device)  # [Kb]
-    init[0] = 0.0
+    init.narrow(0, 0, 1).fill_(0.0)
     beam_score[slots] = init
-    hyp_score[slots] = neg
-    hyp_len[slots] = 0
-    hyp_done[slots] = False
-    improvable[slots] = True
+    hyp_score.index_fill_(0, slots, neg)  # scalars filled in place, never made tensors (as in _admit)
+    hyp_len.index_fill_(0, slots, 0)
+    hyp_done.index_fill_(0, slots, False)
+    improvable.index_fill_(0, slots, True)
     # Every position reads beam row 0 (the prompt's) until a step gives a beam positions of its own; a
     # single-beam request in the same slot reads through these rows too, so they are reset for everyone.
     rows = (slots * max_beam).unsqueeze(1) + torch.arange(max_beam, device=slots.device).unsqueeze(0)  # [A, Kb]
-    indirection[rows.flatten()] = 0
+    indirection.index_fill_(0, rows.flatten(), 0)
 
 
 @torch.jit.script

@@ -1,27 +1,30 @@
-"""The device stream: where device work is enqueued, in order, and how the host waits for it.
+"""The device stream's contract: where device work is enqueued, in order, and how the host waits for it.
 
-On CUDA this is a ``torch.cuda.Stream`` with timing events; enqueueing a piece issues its kernels and
-copies on the stream and returns at once. On CPU it is one worker thread that runs enqueued pieces in
-order, with a lock the host can wait on, so host/device overlap is real on CPU too. That only pays if
-the device work runs without the GIL: an eager step re-takes the GIL for every op and starves the host
-thread, so the engine hands the worker TorchScript calls (which release it) and the switch interval is
-shortened while the stream lives. Both streams move data through the same ``DeviceMemory``.
+Every device — a CUDA stream (``cuda.py``), the CPU worker thread that plays one (``cpu_worker.py``), the
+simulated device, the pipeline's stage processes — keeps the same contract, and the parts that decide it
+are this module's code, shared by all of them:
+
+- **ready before work.** The engine builds its tensors (weights, KV pools, decoder state, buffer mirrors)
+  first, then calls ``ready()``; work enqueued before that is refused. On CUDA those tensors are filled on
+  the default stream, and ``ready`` makes the device's own stream wait for those fills: without it the
+  first prefill could write KV that a still-running zero-fill then wipes.
+- **a failure surfaces at ``wait``**, never at ``enqueue``, whichever device raised it: the failing piece's
+  error is kept on its ``DeviceWork``, and the stream is poisoned — no later piece runs, every later
+  ``wait`` raises the same error.
+- **``close`` synchronises**: it returns only when no piece is running or queued, so the engine's tensors
+  can be freed after a failure or Ctrl-C while steps were still in flight.
 """
 
 from __future__ import annotations
 
-import queue
 import threading
-import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 
 import torch
 
 from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.device.clock import Clock
-from strategies.runtime.device.compute import compute_budget
 from strategies.runtime.device.nvtx import Nvtx
 
 Piece = tuple[str, Callable[[], None]]
@@ -34,7 +37,7 @@ class DeviceWork:
 
     iteration: int
     times: dict[str, tuple[float, float]] = field(default_factory=dict)
-    error: BaseException | None = None
+    error: BaseException | None = None  # the stream's failure, raised by wait()
     # Held until the work is done. A bare lock wakes a waiting host in ~24 us here, an Event in ~37 us:
     # on CPU that wake-up sits between two device steps, so it is device idle time.
     _pending: threading.Lock = field(default_factory=threading.Lock)
@@ -64,126 +67,51 @@ class DeviceStream:
         self.nvtx = nvtx
         self.memory = memory
         self.device = memory.device
+        self.is_ready = False
+        self.failure: BaseException | None = None  # the first piece that raised: the stream is poisoned
+
+    def ready(self) -> None:
+        """The engine's tensors are built: order the stream after whatever filled them, and accept work."""
+        self.is_ready = True
+
+    def check_ready(self) -> None:
+        if not self.is_ready:
+            raise RuntimeError("device stream: work enqueued before the engine's tensors were marked ready "
+                               "(stream.ready() after the engine is built)")
 
     def enqueue(self, iteration: int, pieces: list[Piece]) -> DeviceWork:
-        raise NotImplementedError
+        """Issue ``pieces`` in order after everything enqueued before; returns at once."""
+        self.check_ready()
+        work = DeviceWork(iteration)
+        self._submit(work, pieces)
+        return work
 
     def wait(self, work: DeviceWork) -> float:
         """Block until ``work`` is done; returns the seconds the host spent blocked. Re-raises a failure."""
         raise NotImplementedError
 
     def close(self) -> None:
-        pass
+        """Return once nothing is running or queued on the device (the caller frees its tensors next)."""
 
+    # --- shared by every stream ------------------------------------------------------------------------
+    def _submit(self, work: DeviceWork, pieces: list[Piece]) -> None:
+        """Hand ``work`` to the device (a queue, a stream, a clock)."""
+        raise NotImplementedError
 
-class CpuWorkerStream(DeviceStream):
-    def __init__(self, clock: Clock, nvtx: Nvtx, threads: int = 1, split: bool = False,
-                 switch_interval_s: float = 1e-4) -> None:
-        super().__init__(clock, nvtx, DeviceMemory(torch.device("cpu"), split))
-        self._queue: queue.SimpleQueue[DeviceWork | None] = queue.SimpleQueue()
-        self._pieces: dict[int, list[Piece]] = {}
-        # The worker's threads and a short switch interval for as long as the stream lives.
-        self._budget: AbstractContextManager[int] | None = compute_budget(threads, switch_interval_s)
-        self._budget.__enter__()
-        self._thread = threading.Thread(target=self._run, name="slotbench-device", daemon=True)
-        self._thread.start()
+    def _run_pieces(self, work: DeviceWork, pieces: list[Piece]) -> None:
+        """Run each piece through ``_run_piece`` in order, unless the stream already failed; a failure is
+        kept, on this work and for every later one, for ``wait`` to raise."""
+        if self.failure is None:
+            try:
+                for name, fn in pieces:
+                    self._run_piece(work, name, fn)
+            except BaseException as exc:  # handed to the host at wait()
+                self.failure = exc
+        work.error = self.failure
 
-    def _run(self) -> None:
-        failed: BaseException | None = None
-        now, nvtx = self.clock.now, self.nvtx
-        # Inference mode for the thread's whole life: entering it per piece costs more than a small step.
-        with torch.inference_mode():
-            while (work := self._queue.get()) is not None:
-                pieces = self._pieces.pop(id(work))
-                if failed is None:  # after a failure the stream is poisoned: later work is not run
-                    # This thread is the device: its iteration range is its own, not the host's.
-                    nvtx.push("iteration")
-                    try:
-                        for name, fn in pieces:
-                            nvtx.push(name)
-                            start = now()
-                            fn()
-                            work.times[name] = (start, now())
-                            nvtx.pop()
-                    except BaseException as exc:  # handed to the host thread
-                        failed = exc
-                        nvtx.pop()
-                    finally:
-                        nvtx.pop()
-                work.error = failed
-                work._finish()
+    def _run_piece(self, work: DeviceWork, name: str, fn: Callable[[], None]) -> None:
+        fn()
 
-    def enqueue(self, iteration: int, pieces: list[Piece]) -> DeviceWork:
-        work = DeviceWork(iteration)
-        self._pieces[id(work)] = pieces
-        self._queue.put(work)
-        return work
-
-    def wait(self, work: DeviceWork) -> float:
-        if work.done():
-            waited = 0.0
-        else:
-            t = time.perf_counter()
-            work._block()
-            waited = time.perf_counter() - t
+    def _raise_failure(self, work: DeviceWork) -> None:
         if work.error is not None:
             raise work.error
-        return waited
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self._queue.put(None)
-            self._thread.join(timeout=30)
-        if self._budget is not None:  # close may be called again after a failure
-            self._budget.__exit__(None, None, None)
-            self._budget = None
-
-
-class CudaStream(DeviceStream):
-    def __init__(self, clock: Clock, nvtx: Nvtx, device: torch.device) -> None:
-        super().__init__(clock, nvtx, DeviceMemory(device, split=True))
-        self.stream = torch.cuda.Stream(device=device)
-        # Device times are mapped onto the run clock through one reference event, kept as a raw
-        # perf_counter() reading: the run clock may be reset after the stream is built (it is), and
-        # each conversion uses the clock's start as it is then.
-        self._ref = torch.cuda.Event(enable_timing=True)
-        self._ref.record(self.stream)
-        self._ref.synchronize()
-        self._ref_perf_s = time.perf_counter()
-
-    def enqueue(self, iteration: int, pieces: list[Piece]) -> DeviceWork:
-        work = DeviceWork(iteration)
-        # Issued on the host thread: its phase ranges nest in the host's own iteration range (one per
-        # step, never a second), and Nsight Systems projects the kernels onto them.
-        with torch.cuda.stream(self.stream), torch.inference_mode():
-            for name, fn in pieces:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record(self.stream)
-                with self.nvtx.range(name):
-                    fn()
-                end.record(self.stream)
-                work._events.append((name, start, end))
-        return work
-
-    def wait(self, work: DeviceWork) -> float:
-        t = time.perf_counter()
-        if work._events:
-            work._events[-1][2].synchronize()
-        waited = time.perf_counter() - t
-        ref = self.clock.at(self._ref_perf_s)
-        for name, start, end in work._events:
-            work.times[name] = (ref + self._ref.elapsed_time(start) / 1e3, ref + self._ref.elapsed_time(end) / 1e3)
-        work._events.clear()
-        if not work.done():
-            work._finish()
-        return waited
-
-
-def make_stream(device: str, clock: Clock, nvtx: Nvtx, threads: int = 1, memory: str = "shared") -> DeviceStream:
-    if device == "cpu":
-        return CpuWorkerStream(clock, nvtx, threads=threads, split=memory == "split")
-    if device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            raise ValueError(f"--device {device}: CUDA is not available on this machine")
-        return CudaStream(clock, nvtx, torch.device(device))
-    raise ValueError(f"--device {device!r}: expected cpu or cuda[:N]")

@@ -139,11 +139,12 @@ class BartModel(nn.Module):
              sample_rows: torch.Tensor, last_token: torch.Tensor, k_pools: torch.Tensor, v_pools: torch.Tensor,
              logits_out: torch.Tensor, cache_indirection: torch.Tensor, max_beam: int, encoded: torch.Tensor,
              fill_dst: torch.Tensor, ck_pools: torch.Tensor, cv_pools: torch.Tensor, cross_table: torch.Tensor,
-             cross_lens: list[int], cross_kmax: int) -> None:
+             cross_lens: list[int], cross_len: torch.Tensor, cross_kmax: int) -> None:
         """The decoder's forward as one call; the first 15 arguments as ``LlamaModel.step``. ``encoded
         [F, hidden]`` → ``fill_dst [F]``: encoder outputs to project into cross KV pages in this step;
-        ``cross_table [R, Wc]`` and ``cross_lens`` (R ints): each request row's cross pages and encoder
-        length, rows in the block table's order."""
+        ``cross_table [R, Wc]``: each request row's cross pages, rows in the block table's order; its
+        encoder length as host ints ``cross_lens`` (a context chunk's kernel shapes) and on the device
+        ``cross_len [R]`` (the generation rows' mask)."""
         ctx_kv, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0, num_ctx_tokens,
                                                 gen_kmax, tokens_per_block, last_token, cache_indirection, max_beam,
                                                 k_pools)
@@ -159,7 +160,7 @@ class BartModel(nn.Module):
         epos = torch.arange(cross_kmax, device=dev)  # [Ec]
         rows = cross_table[n_ctx:n_ctx + g]  # [G, Wc]
         cross_gen_kv = (rows[:, epos // tokens_per_block] * tokens_per_block + epos % tokens_per_block).flatten()
-        lens = torch.tensor(cross_lens[n_ctx:], dtype=torch.long, device=dev)  # [G]
+        lens = cross_len[n_ctx:n_ctx + g]  # [G]
         hidden = (epos.unsqueeze(0) >= lens.unsqueeze(1)).view(1, g, 1, cross_kmax)  # past each one's encoder input
         cross_gen_mask = torch.zeros(hidden.shape, dtype=k_pools.dtype, device=dev).masked_fill(hidden, float("-inf"))
         x = self.shared(token_ids) * self.embed_scale + self.decoder.embed_positions(positions + 2)  # POSITION_OFFSET

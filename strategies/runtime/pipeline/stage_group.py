@@ -11,7 +11,7 @@ process behind, whatever state they are in.
 
 from __future__ import annotations
 
-from datetime import timedelta
+import time
 
 import numpy as np
 import torch
@@ -32,6 +32,8 @@ from strategies.runtime.pipeline import messages as m
 from strategies.runtime.pipeline import stage_worker
 from strategies.runtime.pipeline.stage_model import stage_layers, stage_state
 
+EXIT_GRACE_S = 2.0  # a failed wait: how long a stage that died may take to be seen dead
+
 
 class PipelineStream(DeviceStream):
     def __init__(self, clock: Clock, nvtx: Nvtx, engine: PipelineEngine) -> None:
@@ -43,8 +45,8 @@ class PipelineStream(DeviceStream):
         try:
             for w in work._events:  # the sends, the last stage's tokens, every stage's times
                 w.wait()
-        except RuntimeError:  # gloo's message names a socket; say which stage, and what happened to it
-            raise RuntimeError(self.engine.what_failed()) from None
+        except RuntimeError as exc:  # gloo's message names a socket; say which stage, and what happened to it
+            raise RuntimeError(self.engine.what_failed(timed_out="Timed out" in str(exc))) from None
         waited = self.clock.now() - t
         times = self.engine.times_of(work.iteration)  # [stages, 3] perf_counter readings
         at = self.clock.at
@@ -100,7 +102,7 @@ class PipelineEngine:
             p.start()
             self.procs.append(p)
         try:
-            self.pg = dist.ProcessGroupGloo(store, 0, stages + 1, timedelta(seconds=timeout_s))
+            self.pg = stage_worker.join_group(store, 0, stages + 1, timeout_s, alive=self._started)
         except BaseException:
             self._kill()
             raise
@@ -119,6 +121,7 @@ class PipelineEngine:
         bufs.work = batch.work()
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
+        self.stream.check_ready()
         header, ints, floats = self._send[bufs.index]
         fault = self.stage_fault[::2] if self.stage_fault and self.stage_fault[1] == iteration else (-1, 0)
         n_ints, n_floats = m.pack(iteration, bufs.index, bufs.runtime, bufs.step, header, ints, floats, fault)
@@ -138,11 +141,26 @@ class PipelineEngine:
         out = self._out[bufs.index][:len(bufs.step.rows)].tolist()
         return [t for t, _ in out], [c for _, c in out]
 
-    def what_failed(self) -> str:
-        dead = [(s, p.exitcode) for s, p in enumerate(self.procs) if not p.is_alive()]
-        if dead:
-            return f"pipeline stage {dead[0][0]} exited (code {dead[0][1]})"
-        return f"pipeline: a stage did not answer within --stage-timeout ({self.timeout_s:g} s)"
+    def what_failed(self, timed_out: bool) -> str:
+        """Why the host's wait failed. Timed out: a stage went silent (the stages behind it time out too, and
+        exit). Otherwise a peer closed its socket: a stage died, and its process, which closes the socket
+        as it exits, is given up to ``EXIT_GRACE_S`` to be seen dead."""
+        timeout = f"pipeline: a stage did not answer within --stage-timeout ({self.timeout_s:g} s)"
+        deadline = time.monotonic() + (0.0 if timed_out else EXIT_GRACE_S)
+        while not timed_out:
+            dead = [(s, p.exitcode) for s, p in enumerate(self.procs) if not p.is_alive()]
+            if dead:
+                return f"pipeline stage {dead[0][0]} exited (code {dead[0][1]})"
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.01)
+        return timeout
+
+    def _started(self) -> None:
+        """Raises if a stage process died while the group was forming."""
+        for s, p in enumerate(self.procs):
+            if not p.is_alive():
+                raise RuntimeError(f"pipeline stage {s} exited during start-up (code {p.exitcode})")
 
     def shutdown(self) -> None:
         """Stop every stage: a stop message to the ones still listening, then whatever is left is killed."""

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -37,12 +38,34 @@ def connect(port: int, rank: int, world: int, timeout_s: float) -> tuple[dist.Pr
     (rank 0) owns the store; a stage connects to it. The store must live as long as the group."""
     store = dist.TCPStore("127.0.0.1", port, world, is_master=rank == HOST, timeout=startup_timeout(timeout_s),
                           wait_for_workers=False)
-    return dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s)), store
+    return join_group(store, rank, world, timeout_s), store
+
+
+def join_group(store: dist.TCPStore, rank: int, world: int, timeout_s: float,
+               alive: Callable[[], None] | None = None) -> dist.ProcessGroupGloo:
+    """Announce ``rank`` and wait, within the start-up bound, until every rank has; then form the group,
+    whose own timeout (``--stage-timeout``) bounds its rendezvous and every later send and receive. (A stage
+    process imports torch first, which on a loaded machine takes seconds: the group's rendezvous would time
+    out on a short ``--stage-timeout`` before the last rank arrived.) ``alive`` (the host's) is called while
+    waiting and raises if a stage died during start-up."""
+    store.set(f"slotbench/ready/{rank}", "1")
+    keys = [f"slotbench/ready/{r}" for r in range(world)]
+    deadline = time.monotonic() + startup_timeout(timeout_s).total_seconds()
+    while True:
+        try:
+            store.wait(keys, timedelta(seconds=1))
+            break
+        except dist.DistStoreError:
+            if alive is not None:
+                alive()
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"pipeline: the stage group did not form within "
+                                   f"{startup_timeout(timeout_s).total_seconds():g} s") from None
+    return dist.ProcessGroupGloo(store, rank, world, timedelta(seconds=timeout_s))
 
 
 def startup_timeout(timeout_s: float) -> timedelta:
-    """How long the group may take to form: a stage process imports torch and scripts its layers first,
-    which on a loaded machine takes seconds; ``--stage-timeout`` bounds a silent stage once it serves."""
+    """How long the group may take to form: at least STARTUP_TIMEOUT_S, however short ``--stage-timeout``."""
     return timedelta(seconds=max(timeout_s, STARTUP_TIMEOUT_S))
 
 

@@ -72,19 +72,14 @@ class SimStream(DeviceStream):
         self.sync_latency_s = sync_latency_s
         self._free_at = 0.0
 
-    def _run(self, work: DeviceWork, pieces: list[Piece]) -> None:
-        """The pieces' real work (buffers, sampler), off the virtual clock; a failure goes to the host."""
-        try:
-            with self.clock.frozen(), torch.inference_mode():
-                for _, fn in pieces:
-                    fn()
-        except BaseException as exc:
-            work.error = exc
+    def _submit(self, work: DeviceWork, pieces: list[Piece]) -> None:
+        """The pieces' real work (buffers, sampler), off the virtual clock; a failure goes to ``wait``."""
+        with self.clock.frozen(), torch.inference_mode():
+            self._run_pieces(work, pieces)
 
     def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None) -> DeviceWork:
-        work = DeviceWork(iteration)
         start = max(self.clock.now(), self._free_at) + self.launch_latency_s
-        self._run(work, pieces)
+        work = super().enqueue(iteration, pieces)
         t = start
         for name, _ in pieces:
             d = (durations or {}).get(name, 0.0)
@@ -95,8 +90,7 @@ class SimStream(DeviceStream):
         return work
 
     def wait(self, work: DeviceWork) -> float:
-        if work.error is not None:
-            raise work.error
+        self._raise_failure(work)
         end = max(t for _, t in work.times.values())
         now = self.clock.now()
         if end <= now:  # already done: nothing to wait for, nobody to wake
@@ -118,8 +112,7 @@ class SimPipelineStream(SimStream):
 
     def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None,
                 stage_s: list[float] | None = None, hop_s: float = 0.0) -> DeviceWork:
-        work = DeviceWork(iteration)
-        self._run(work, pieces)
+        work = DeviceStream.enqueue(self, iteration, pieces)
         assert stage_s is not None and durations is not None
         ready = self.clock.now() + self.launch_latency_s
         for s, d in enumerate(stage_s):
