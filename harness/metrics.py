@@ -129,6 +129,8 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
         "preemptions": int(it["preemptions"].sum()),
         "kv_evictions": int(it["kv_evictions"].sum()) if "kv_evictions" in it else 0,
     }
+    out["overlap_headroom"] = float(host.mean() / (host.mean() + (it["sample_end_s"] - start).mean()))
+    out["host_hidden_fraction"] = host_hidden_fraction(it, start)
     bubble = pipeline_bubble_fraction(it)
     if bubble is not None:  # micro-batches overlap on the device: busy is per stage
         out["pipeline_bubble_fraction"] = bubble
@@ -137,6 +139,37 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
         encode = (it["encode_end_s"] - it["encode_start_s"]).dropna()
         out["encode_ms_per_iteration"] = float(encode.sum() / len(it) * 1e3)
     return out
+
+
+HOST_PHASES = ("schedule", "prepare", "postprocess")
+
+
+def host_hidden_fraction(iterations: pd.DataFrame, device_start: pd.Series) -> float:
+    """Of the host's phase time, the share that ran while the device was busy (any step's device span,
+    ``device_start`` → ``sample_end_s``): what overlap hid. 0 for a loop that waits for every step."""
+    starts, ends = device_start.to_numpy(float), iterations["sample_end_s"].to_numpy(float)
+    keep = ~(np.isnan(starts) | np.isnan(ends))
+    order = np.argsort(starts[keep])
+    starts, ends = starts[keep][order], np.maximum.accumulate(ends[keep][order]) if keep.any() else ends[:0]
+    # The union of the device's spans (pipeline micro-batches overlap) as disjoint intervals [lo, hi)
+    first = np.flatnonzero(np.r_[True, starts[1:] > ends[:-1]]) if len(starts) else np.array([], dtype=int)
+    lo, hi = starts[first], ends[np.r_[first[1:] - 1, len(starts) - 1]] if len(first) else ends[:0]
+    before = np.r_[0.0, np.cumsum(hi - lo)][:-1]  # device-busy seconds before each interval
+
+    def busy_until(t: np.ndarray) -> np.ndarray:
+        """Device-busy seconds up to each time in ``t``."""
+        i = np.searchsorted(lo, t, side="right") - 1  # the last interval starting at or before t (-1: none)
+        j = np.maximum(i, 0)
+        return np.where(i >= 0, before[j] + np.clip(t - lo[j], 0.0, hi[j] - lo[j]), 0.0)
+
+    total = hidden = 0.0
+    for phase in HOST_PHASES:
+        a, b = iterations[f"{phase}_start_s"].to_numpy(float), iterations[f"{phase}_end_s"].to_numpy(float)
+        ok = ~(np.isnan(a) | np.isnan(b))
+        total += float((b[ok] - a[ok]).sum())
+        if len(lo):
+            hidden += float((busy_until(b[ok]) - busy_until(a[ok])).sum())
+    return hidden / total if total > 0 else float("nan")
 
 
 def pipeline_bubble_fraction(iterations: pd.DataFrame) -> float | None:

@@ -97,6 +97,9 @@ class RunOptions:
     goodput: tuple[str, ...] | None = _opt(None, "SLOs as METRIC:MS (ttft, tpot, e2el)", nargs="+")
     warmup: int = _opt(8, "warm-up requests per strategy (not measured)")
     device_threads: int = _opt(1, "CPU: torch threads of the device worker, and of a peer engine; 0: every CPU")
+    cpu_device: str = _opt("process", "CPU: the device as a process of its own (it shares no interpreter lock with "
+                                      "the host, so host work does not slow a step) or a thread of this process "
+                                      "(its tensors within reach of a debugger)", choices=("process", "thread"))
     compile: bool = _opt(True, "run the forward as one TorchScript call")
     instrument: bool = _opt(True, "emit NVTX ranges")
     profile_iters: str | None = _opt(None, "CUDA: iterations A-B bracketed by cudaProfilerStart/Stop")
@@ -185,7 +188,8 @@ class RunOptions:
                 capacity_policy=self.capacity_policy, chunked_prefill=self.chunked_prefill,
                 tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, prefix_caching=self.prefix_caching,
                 kv_watermark=self.kv_watermark, device=self.device, device_memory=self.device_memory,
-                device_threads=self.device_threads, compile=self.compile, instrument=self.instrument,
+                device_threads=self.device_threads, cpu_device=self.cpu_device, compile=self.compile,
+                instrument=self.instrument,
                 max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
                 stage_timeout_s=self.stage_timeout, sim=self.sim_config())
         except ValueError as exc:

@@ -14,6 +14,10 @@ KEY_COLUMNS = ["run", "strategy", "completed", "rejected", "failed", "duration_s
                "device_busy_fraction", "host_ms_per_iteration", "preemptions", "prefix_cache_hit_rate",
                "kv_evictions"]
 
+# What overlap can hide and what it did, beside what it bought (the report's "Host and device" table)
+OVERLAP_COLUMNS = ["run", "strategy", "output_throughput", "host_ms_per_iteration", "device_ms_per_iteration",
+                   "device_busy_fraction", "overlap_headroom", "host_hidden_fraction"]
+
 # Direction of "better" for the ratio table: throughputs up, latencies down.
 HIGHER_IS_BETTER = ("request_throughput", "output_throughput", "total_token_throughput", "request_goodput")
 
@@ -69,3 +73,11 @@ def to_html_table(df: pd.DataFrame) -> str:
     body = ["<tr>" + "".join(f"<td>{html.escape(text)}</td>" for text in row) + "</tr>"
             for row in readable(df).itertuples(index=False)]
     return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+def overlap_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Throughput beside host and device time per iteration, and how much of the host's time ran while the
+    device was busy; empty for runs that predate these columns."""
+    if "host_hidden_fraction" not in summary:
+        return pd.DataFrame()
+    return summary[[c for c in OVERLAP_COLUMNS if c in summary.columns]]

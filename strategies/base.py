@@ -88,14 +88,14 @@ class Strategy(Executor):
     def _local_engine(self, sizes: dict) -> tuple:
         """(stream, engine) of a device this process drives: the CPU worker or a CUDA stream."""
         c = self.config
-        stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory)
+        stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory, c.cpu_device)
         try:
             if self.model_cfg.is_encoder_decoder:
                 from strategies.runtime.encdec_engine import EncoderDecoderEngine
 
-                return stream, EncoderDecoderEngine(self.model_cfg, self.model, stream,
-                                                    cross_blocks=c.total_cross_kv_blocks, **sizes)
-            return stream, Engine(self.model_cfg, self.model, stream, **sizes)
+                return stream, stream.build_engine(EncoderDecoderEngine, self.model_cfg, self.model,
+                                                   cross_blocks=c.total_cross_kv_blocks, **sizes)
+            return stream, stream.build_engine(Engine, self.model_cfg, self.model, **sizes)
         except BaseException:  # a refused size: no worker thread or CPU budget is left behind
             stream.close()
             raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from strategies.runtime.buffers.memory import MEMORY_MODES
+from strategies.runtime.device.factory import CPU_DEVICES
 from strategies.runtime.sim.config import SimConfig
 
 CAPACITY_POLICIES = ("guaranteed-no-evict", "max-utilization")
@@ -29,6 +30,8 @@ class ExecutorConfig:
     device: str = "cpu"
     device_memory: str | None = None  # shared | split; None: shared on CPU and sim, split on CUDA
     device_threads: int = 1  # CPU: torch threads of the device worker (the host keeps the other core)
+    # CPU: the device as a process of its own (shares no interpreter lock with the host) or a thread of this one
+    cpu_device: str = "process"
     compile: bool = True  # run forward as one TorchScript call (GIL-free on the CPU worker)
     instrument: bool = True  # NVTX ranges (records are always kept)
     sim: SimConfig | None = None  # the simulated device's settings, when device == "sim"
@@ -55,6 +58,8 @@ class ExecutorConfig:
                              f"({self.tokens_per_block} tokens)")
         if self.device == "sim" and self.sim is None:
             raise ValueError("device 'sim' needs a SimConfig")
+        if self.cpu_device not in CPU_DEVICES:
+            raise ValueError(f"--cpu-device {self.cpu_device!r}: expected one of {', '.join(CPU_DEVICES)}")
         if self.device_threads < 0:
             raise ValueError("--device-threads must be >= 0 (0: every CPU of the machine)")
         if not 0 <= self.kv_watermark < 1:

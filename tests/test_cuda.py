@@ -5,7 +5,6 @@ RAM, so every check here that does not need a GPU runs in CI. Only the ``cuda`` 
 """
 
 import itertools
-import time
 
 import pytest
 import torch
@@ -20,6 +19,7 @@ from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.llama import build_model
 from strategies.runtime.request import SamplingParams
+from tests.device_pieces import fail, note
 from tests.util import TINY64, ListSource, make_requests, run_strategy, tiny_models
 
 DEVICES = ["cpu-split", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
@@ -67,61 +67,61 @@ def test_device_tokens_equal_shared_cpu_tokens(device, name):
         s.close()
 
 
-def make_device_stream(device):
-    dev = "cpu" if device == "cpu-split" else "cuda"
-    return make_stream(dev, Clock(), Nvtx(False), memory="split")
+# The stream contract on every device: the CPU as a device process and as a thread, and CUDA
+STREAMS = ["cpu-process", "cpu-thread", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                                       reason="needs a CUDA GPU"))]
 
 
-def busy(device) -> tuple:
-    """A piece that keeps the device busy for ~0.3 s, and one that notes it ran (on the host, for the
-    CPU worker; as a GPU kernel, ``ran`` is then read back by the caller)."""
-    if device == "cpu-split":
-        return ("gate", lambda: time.sleep(0.3))
-    return ("gate", lambda: torch.cuda._sleep(300_000_000))  # ~0.2-0.3 s of GPU cycles
+def device_config(device: str) -> dict:
+    if device == "cuda":
+        return {"device": "cuda"}
+    return {"device": "cpu", "cpu_device": device.removeprefix("cpu-"), "device_memory": "split"}
 
 
-@pytest.mark.parametrize("device", DEVICES)
+def strategy_on(device: str, name: str = "inflight"):
+    """A built strategy of the tiny model on ``device``: its stream ready, its engine on the device."""
+    return get_strategy(name)(TINY64, tiny_models()[1], ExecutorConfig(max_batch_size=4, max_seq_len=64,
+                                                                       **device_config(device)))
+
+
+@pytest.mark.parametrize("device", STREAMS)
 def test_work_before_ready_is_refused(device):
-    stream = make_device_stream(device)
+    c = device_config(device)
+    stream = make_stream(c["device"], Clock(), Nvtx(False), memory="split", cpu_device=c.get("cpu_device", "process"))
     try:
         with pytest.raises(RuntimeError, match="before the engine's tensors were marked ready"):
-            stream.enqueue(0, [("forward", lambda: None)])
-        stream.ready()
-        stream.wait(stream.enqueue(0, [("forward", lambda: None)]))
+            stream.hold(0.0)
     finally:
         stream.close()
+    s = strategy_on(device)  # built: the engine marked its tensors ready
+    try:
+        s.stream.wait(s.stream.hold(0.0))
+    finally:
+        s.close()
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_failure_surfaces_at_wait_and_poisons_the_stream(device):
+@pytest.mark.parametrize("device", STREAMS)
+def test_a_failure_surfaces_at_wait_and_poisons_the_stream(device, tmp_path):
     """The same on every device (the code is DeviceStream's): enqueue returns, wait raises, and nothing
     enqueued after the failure runs."""
-    stream = make_device_stream(device)
-    stream.ready()
-    ran = []
-
-    def boom() -> None:
-        raise RuntimeError("boom")
-
+    s = strategy_on(device)
+    ran = tmp_path / "ran"
     try:
-        failing = stream.enqueue(0, [("forward", boom)])  # returns: the failure is the device's
-        later = stream.enqueue(1, [("forward", lambda: ran.append(1))])
+        failing = s.stream.enqueue(0, [("forward", fail, ())])  # returns: the failure is the device's
+        later = s.stream.enqueue(1, [("forward", note, (str(ran),))])
         with pytest.raises(RuntimeError, match="boom"):
-            stream.wait(failing)
+            s.stream.wait(failing)
         with pytest.raises(RuntimeError, match="boom"):
-            stream.wait(later)
-        assert ran == []
+            s.stream.wait(later)
+        assert not ran.exists()
     finally:
-        stream.close()
+        s.close()
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", STREAMS)
 @pytest.mark.parametrize("name", ["inflight", "overlap"])
 def test_an_engine_fault_surfaces_at_wait_not_at_launch(device, name):
-    dev = "cpu" if device == "cpu-split" else "cuda"
-    model = script_model(build_model(TINY64, dev))
-    s = get_strategy(name)(TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, device=dev,
-                                                         device_memory="split"))
+    s = strategy_on(device, name)
     s.inject_fault(2)
     launched = []
     launch = s.engine.launch
@@ -140,22 +140,22 @@ def test_an_engine_fault_surfaces_at_wait_not_at_launch(device, name):
     assert 2 in launched
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_close_returns_once_nothing_is_queued(device):
+@pytest.mark.parametrize("device", STREAMS)
+def test_close_returns_once_nothing_is_queued(device, tmp_path):
     """After close the engine's tensors may be freed: nothing may still run on them."""
-    stream = make_device_stream(device)
-    stream.ready()
-    ran = []
-    stream.enqueue(0, [busy(device)])
-    last = stream.enqueue(1, [("forward", lambda: ran.append(1))])
-    stream.close()
-    assert ran == [1]
-    if device == "cuda":  # the gate's kernel and the work after it have completed
+    s = strategy_on(device)
+    ran = tmp_path / "ran"
+    s.stream.hold(0.3)
+    last = s.stream.enqueue(1, [("forward", note, (str(ran),))])
+    s.close()
+    assert ran.exists()
+    if device == "cuda":  # the hold's kernel and the work after it have completed
         assert last._events[-1][2].query()
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_place_gives_the_device_a_copy_and_leaves_the_callers_model_alone(device):
+    """(A device process loads a copy of its own from bytes: buffers/process_memory.py.)"""
     dev = "cpu" if device == "cpu-split" else "cuda"
     host = build_model(TINY64)
     before = {n: (p.data_ptr(), p.device) for n, p in host.named_parameters()}

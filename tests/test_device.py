@@ -6,9 +6,9 @@ prefixes, that every strategy gives the same tokens in both modes, and that laun
 the device.
 """
 
-import threading
 import time
 import weakref
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -36,19 +36,29 @@ def mixed_specs():
     return specs
 
 
-def test_split_memory_gives_the_device_its_own_tensors():
+@pytest.mark.parametrize("cpu_device", ["process", "thread"])
+def test_split_memory_gives_the_device_its_own_tensors(cpu_device):
+    """Thread: the engine's device tensors are its own, beside the host's. Process: the host's engine holds
+    only staging buffers, files both processes map, and meta placeholders where the device's tensors live
+    in the device process."""
     _, scripted = tiny_models()
     s = get_strategy("overlap")(TINY64, scripted, ExecutorConfig(max_batch_size=4, max_seq_len=64,
-                                                                  device_memory="split"))
+                                                                  device_memory="split", cpu_device=cpu_device))
     try:
-        host_weights = {n: p.data_ptr() for n, p in scripted.named_parameters()}
-        dev_weights = {n: p.data_ptr() for n, p in s.engine.model.named_parameters()}
-        assert host_weights.keys() == dev_weights.keys()
-        assert not set(host_weights.values()) & set(dev_weights.values())
-        for bufs in s.engine.buffer_sets:
-            for m in (bufs.runtime.tokens, bufs.runtime.rows, bufs.runtime.block_table, bufs.step.slots,
-                      bufs.step.admit, bufs.step.admit_f, bufs.step.out):
-                assert m.dev is not m.host and m.dev.data_ptr() != m.host.data_ptr()
+        mirrored = [m for bufs in s.engine.buffer_sets for m in (
+            bufs.runtime.tokens, bufs.runtime.rows, bufs.runtime.block_table, bufs.step.slots, bufs.step.admit,
+            bufs.step.admit_f, bufs.step.out)]
+        if cpu_device == "thread":
+            host_weights = {n: p.data_ptr() for n, p in scripted.named_parameters()}
+            dev_weights = {n: p.data_ptr() for n, p in s.engine.model.named_parameters()}
+            assert host_weights.keys() == dev_weights.keys()
+            assert not set(host_weights.values()) & set(dev_weights.values())
+            assert all(m.dev is not m.host and m.dev.data_ptr() != m.host.data_ptr() for m in mirrored)
+        else:
+            assert all(m.dev.is_meta and not m.host.is_meta for m in mirrored)
+            assert s.engine.kv.k.is_meta and s.engine.state.last_token.is_meta and s.engine.model is scripted
+            assert {path for path, _, _ in s.stream.memory.staging}  # the device mapped them; the files are gone
+            assert not any(Path(path).exists() for path, _, _ in s.stream.memory.staging)
     finally:
         s.close()
 
@@ -90,37 +100,30 @@ def test_every_strategy_gives_the_same_tokens_in_shared_and_split_memory(name):
 
 @pytest.mark.parametrize("name", [s for s in STRATEGIES if s != "pipeline"])  # its device is other processes
 def test_launch_returns_while_the_device_is_busy(name):
-    """Hold the device worker on a gate, launch the next step, and see the launch return before the
-    gate opens. A launch that waited for the device (a blocking copy, a read of a device tensor)
-    would hold the gate shut until its timeout."""
+    """Hold the device busy for 0.5 s, launch the next step, and see the launch return while it still is.
+    A launch that waited for the device (a blocking copy, a read of a device tensor) would return only
+    after the hold."""
     _, scripted = tiny_models()
     cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, device_memory="split", instrument=False)
     s = get_strategy(name)(TINY64, scripted, cfg)
-    launch, timed_out, launches = s.engine.launch, [], []
+    launch, launches = s.engine.launch, []
 
-    def gated_launch(iteration, bufs):
-        opened = threading.Event()
-
-        def gate():  # the device is busy until the host's launch has returned
-            if not opened.wait(timeout=5):
-                timed_out.append(iteration)
-
-        s.stream.enqueue(-1, [("gate", gate)])
+    def held_launch(iteration, bufs):
+        s.stream.hold(0.5)
         t = time.perf_counter()
         work = launch(iteration, bufs)
-        launches.append((time.perf_counter() - t, work.done()))
-        opened.set()
+        launches.append((time.perf_counter() - t, s.stream.query(work)))
         return work
 
-    s.engine.launch = gated_launch
+    s.engine.launch = held_launch
     reqs = make_requests([(list(range(1, 9 + i)), 6, SamplingParams(ignore_eos=True)) for i in range(6)])
     try:
         s.run(ListSource(reqs))
     finally:
         s.close()
-    assert timed_out == [] and len(launches) >= 6
-    assert all(not done for _, done in launches)  # the step was still queued behind the gate
-    assert max(t for t, _ in launches) < 1.0
+    assert len(launches) >= 6
+    assert all(not done for _, done in launches)  # the step was still queued behind the hold
+    assert max(t for t, _ in launches) < 0.25
     assert all(r.num_output_tokens == 6 for r in reqs)
 
 
@@ -180,3 +183,35 @@ def test_gpu_check_script_runs_in_split_memory():
     passed = sum(line.startswith("PASS ") for line in lines)
     assert lines[-1] == f"{passed}/{passed} checks passed" and passed >= 20, p.stdout
     assert not any(line.startswith("FAIL ") for line in lines)
+
+
+def test_a_device_process_that_dies_ends_the_run_and_the_next_gets_a_new_one():
+    """The device process killed mid-run: the next wait says it exited, the run stops there, and the next
+    executor starts a device process of its own; tokens are still the reference's."""
+    import os
+    import signal
+
+    eager, scripted = tiny_models()
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64)
+    s = get_strategy("inflight")(TINY64, scripted, cfg)
+    dead = s.stream._server.proc
+
+    def kill_at(iteration: int) -> None:
+        if iteration == 3:
+            os.kill(dead.pid, signal.SIGKILL)
+
+    s.iteration_hook = kill_at
+    try:
+        with pytest.raises(RuntimeError, match="the device process exited"):
+            s.run(ListSource(make_requests([(list(range(1, 9)), 10, SamplingParams(ignore_eos=True))] * 3)))
+    finally:
+        s.close()
+    assert dead.poll() is not None
+    reqs = make_requests(mixed_specs())
+    s = run_strategy("inflight", TINY64, scripted, cfg, reqs, keep_open=True)
+    try:
+        assert s.stream._server.proc is not dead
+    finally:
+        s.close()
+    expected = [reference_decode(eager, TINY64, r) for r in make_requests(mixed_specs())]
+    assert [r.output_token_ids for r in reqs] == expected

@@ -64,7 +64,8 @@ def test_phase_ranges_nest_inside_iterations(spy, tmp_path, strategy, memory):
     threads = ranges_by_thread(lines[1:])
     host = [t for t, r in threads.items() if any(n == "schedule" for n, _ in r)]
     device = [t for t, r in threads.items() if any(n == "forward" for n, _ in r)]
-    assert len(host) == 1 and len(device) == 1 and host != device  # CPU: device work on its worker thread
+    # CPU: the device's work on a thread of its own, in the device process (each process logs an "init")
+    assert len(host) == 1 and len(device) == 1 and host != device
     for tid, phases in ((host[0], HOST_PHASES), (device[0], DEVICE_PHASES)):
         ranges = threads[tid]
         iterations = sum(1 for n, _ in ranges if n == "iteration")

@@ -61,7 +61,8 @@ def slotbench_logits(path, dtype: str, chunk: int, prompts,
     cfg = config_from_hf(read_hf_config(path), dtype=dtype)
     s = get_strategy("inflight")(cfg, script_model(load_checkpoint(path, cfg)),
                                  ExecutorConfig(max_batch_size=PROMPTS, max_seq_len=PROMPT + NEW, max_num_tokens=chunk,
-                                                chunked_prefill=chunk < PROMPT, device=device))
+                                                chunked_prefill=chunk < PROMPT, device=device,
+                                                cpu_device="thread"))  # the logits, read in this process
     logits: dict[str, list[torch.Tensor]] = {}
     sample = s.engine._sample
 

@@ -82,7 +82,8 @@ def test_report_renders_in_chromium(evil_run, tmp_path, chromium):
                 assert n == 4 + num_runs  # latency, over time, KV cache, padding, an iteration timeline per run
                 for i in range(n):
                     assert plots.nth(i).locator("svg.main-svg").count() >= 1, f"figure {i} has no SVG"
-                assert page.locator("table.data").count() == 2
+                assert page.locator("table.data").count() == 3  # summary, host and device, ratios
+                assert page.locator("h2", has_text="Host and device").count() == 1
                 assert page.locator("text=run #2").count() >= (1 if num_runs == 2 else 0)
             SHOTS.mkdir(exist_ok=True)
             page.goto((evil_run / "report.html").as_uri())

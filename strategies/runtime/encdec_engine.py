@@ -43,9 +43,9 @@ class EncoderDecoderEngine(Engine):
         bufs.encoder.fill_step(batch, cross_table)
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
-        pieces = [("forward", lambda: self._forward(iteration, bufs)), ("sample", lambda: self._sample(bufs))]
+        pieces = [("forward", self._forward, (iteration, bufs)), ("sample", self._sample, (bufs,))]
         if bufs.encoder is not None and bufs.encoder.num_tokens:
-            pieces.insert(0, ("encode", lambda: self._encode(bufs)))
+            pieces.insert(0, ("encode", self._encode, (bufs,)))
         return self.stream.enqueue(iteration, pieces)
 
     def _encode(self, bufs: BufferSet) -> None:

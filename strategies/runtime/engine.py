@@ -84,8 +84,8 @@ class Engine:
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         """Enqueue forward and sample for ``bufs``; returns at once."""
-        return self.stream.enqueue(iteration, [("forward", lambda: self._forward(iteration, bufs)),
-                                               ("sample", lambda: self._sample(bufs))])
+        return self.stream.enqueue(iteration, [("forward", self._forward, (iteration, bufs)),
+                                               ("sample", self._sample, (bufs,))])
 
     def outputs(self, bufs: BufferSet) -> tuple[list[int], list[int]]:
         """Sampled tokens and finish codes per request; valid once the step's work is waited for."""
@@ -99,23 +99,23 @@ class Engine:
         n = len(requests)
         for i, r in enumerate(requests):
             self._final_slots.np[i] = r.slot
-
-        def gather() -> None:
-            self._final_slots.upload(n)
-            slots = self._final_slots.dev[:n]
-            self._final_tokens.dev[:n] = self.state.hyp_seq[slots]
-            self._final_lens.dev[:n] = self.state.hyp_len[slots]
-            self._final_scores.dev[:n] = self.state.hyp_score[slots]
-            for m in (self._final_tokens, self._final_lens, self._final_scores):
-                m.download(n)
-
-        self.stream.wait(self.stream.enqueue(iteration, [("finalize", gather)]))
+        self.stream.wait(self.stream.enqueue(iteration, [("finalize", self._gather_finals, (n,))]))
         out = []
         for i, r in enumerate(requests):
             lens, scores = self._final_lens.np[i], self._final_scores.np[i]
             out.append([(self._final_tokens.np[i, j, :lens[j]].tolist(), float(scores[j]))
                         for j in range(r.sampling.num_return_sequences)])
         return out
+
+    def _gather_finals(self, n: int) -> None:
+        """Device side of ``read_beams``: the hypotheses of the ``n`` slots in ``_final_slots``, downloaded."""
+        self._final_slots.upload(n)
+        slots = self._final_slots.dev[:n]
+        self._final_tokens.dev[:n] = self.state.hyp_seq[slots]
+        self._final_lens.dev[:n] = self.state.hyp_len[slots]
+        self._final_scores.dev[:n] = self.state.hyp_score[slots]
+        for m in (self._final_tokens, self._final_lens, self._final_scores):
+            m.download(n)
 
     def _forward(self, iteration: int, bufs: BufferSet) -> None:
         if self.fault_at_iteration is not None and iteration >= self.fault_at_iteration:

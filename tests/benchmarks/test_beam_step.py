@@ -30,7 +30,8 @@ ROWS, K, NEW = 32, 4, 64
 def _engine(width: int):
     """A strategy whose engine holds ROWS decode rows: ROWS / width requests of ``width`` beams each,
     prompts 128..190 tokens, admitted (decoder state reset on the device by the first step)."""
-    cfg = ExecutorConfig(max_batch_size=ROWS, max_seq_len=512, max_beam_width=width)
+    # the device as a thread: the copying reorder below is timed on the engine's own KV pools, in this process
+    cfg = ExecutorConfig(max_batch_size=ROWS, max_seq_len=512, max_beam_width=width, cpu_device="thread")
     s = get_strategy("inflight")(SMALL, script_model(build_model(SMALL)), cfg)
     reqs = [Request(f"r{i}", np.arange(128 + 2 * i * width) % 4000, NEW, SamplingParams(beam_width=width))
             for i in range(ROWS // width)]

@@ -63,7 +63,7 @@ static int pop(void *domain) {
 
 int InitializeInjectionNvtx2(get_export_table_fn get_export_table) {
     const char *path = getenv("SLOTBENCH_NVTX_LOG");
-    log_file = fopen(path ? path : "/dev/stderr", "w");
+    log_file = fopen(path ? path : "/dev/stderr", "a");  /* appended: the device process logs here too */
     const callbacks_table *cb = (const callbacks_table *)get_export_table(ETID_CALLBACKS);
     fn_table table = NULL;
     unsigned int size = 0;

@@ -21,3 +21,15 @@ class BufferSet:
         self.step = step
         self.encoder: EncoderBuffers | None = None  # encoder–decoder models: encoder and cross-attention inputs
         self.work: BatchWork | None = None  # the batch's size in cost-model units (records, simulated device)
+
+    def host_state(self) -> tuple:
+        """The host ints and lists the device pieces of this set's step read (beside its tensors)."""
+        parts = (self.runtime, self.step, self.encoder)
+        return tuple(tuple(getattr(p, name) for name in p.HOST_STATE) if p is not None else None for p in parts)
+
+    def set_host_state(self, state: tuple) -> None:
+        """The twin of ``host_state``: a device in another process applies what the host prepared."""
+        for p, values in zip((self.runtime, self.step, self.encoder), state, strict=True):
+            if p is not None:
+                for name, value in zip(p.HOST_STATE, values, strict=True):
+                    setattr(p, name, value)

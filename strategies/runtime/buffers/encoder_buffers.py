@@ -24,6 +24,8 @@ ID, POSITION = range(2)  # columns of ``tokens``
 
 
 class EncoderBuffers:
+    HOST_STATE = ("starts", "lens", "cross_lens", "num_tokens", "num_fill", "table_shape")  # as RuntimeBuffers'
+
     def __init__(self, max_tokens: int, max_rows: int, max_len: int, hidden: int, dtype: torch.dtype,
                  tokens_per_block: int, memory: DeviceMemory) -> None:
         max_blocks = -(-max_len // tokens_per_block)

@@ -21,6 +21,11 @@ ID, POSITION, SLOT, PAGE = range(4)  # columns of ``tokens``
 
 
 class RuntimeBuffers:
+    # What a step's device pieces read besides the tensors: host ints set by ``fill`` (a device in another
+    # process receives them with each step: buffers/buffer_set.py)
+    HOST_STATE = ("ctx_starts", "ctx_lens", "ctx_pos0", "num_tokens", "num_ctx_tokens", "num_samples", "gen_kmax",
+                  "table_shape")
+
     def __init__(self, max_tokens: int, max_batch: int, max_seq_len: int, tokens_per_block: int, vocab_size: int,
                  memory: DeviceMemory) -> None:
         max_blocks_per_seq = -(-max_seq_len // tokens_per_block)

@@ -19,6 +19,8 @@ ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, ea
 
 
 class StepIO:
+    HOST_STATE = ("num_rows", "num_admit", "num_single", "groups", "use_filters", "any_random")  # as RuntimeBuffers'
+
     def __init__(self, max_batch: int, max_stop_ids: int, memory: DeviceMemory) -> None:
         self.max_stop_ids = max_stop_ids
         self.slots = Mirrored(memory, (max_batch,), torch.int64)  # [R] slot of each request with an output
@@ -27,7 +29,8 @@ class StepIO:
         self.admit_f = Mirrored(memory, (max_batch, 4), torch.float32)
         # [R, 2] per request: its token (beam 0's for a beam request), finish code (device → host)
         self.out = Mirrored(memory, (max_batch, 2), torch.int64)
-        self.rows: list[Request] = []  # the request of each output, in order
+        self.rows: list[Request] = []  # the request of each output, in order (host only)
+        self.num_rows = 0  # len(rows): what the device needs of them
         self.num_admit = 0
         self.num_single = 0  # leading outputs of one sampled row each; beam groups follow
         # One beam-search call per width: (width, requests, candidate pool, generated-length bound, KV bound)
@@ -38,6 +41,7 @@ class StepIO:
     def fill(self, order: list[Request], admitted: list[Request], eos_token_id: int) -> None:
         """``order``: the requests in output order (``ScheduledBatch.sampled_requests``)."""
         self.rows = order
+        self.num_rows = len(order)
         slots = self.slots.np
         for i, r in enumerate(order):
             slots[i] = r.slot
@@ -73,9 +77,9 @@ class StepIO:
         return list(s.stop_token_ids) + ([] if s.ignore_eos else [eos_token_id])
 
     def upload(self) -> None:
-        self.slots.upload(len(self.rows))
+        self.slots.upload(self.num_rows)
         self.admit.upload(self.num_admit)
         self.admit_f.upload(self.num_admit)
 
     def download(self) -> None:
-        self.out.download(len(self.rows))
+        self.out.download(self.num_rows)

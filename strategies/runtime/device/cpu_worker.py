@@ -1,11 +1,12 @@
-"""The CPU as a device: one worker thread that runs enqueued pieces in order.
+"""The CPU as a device thread (``--cpu-device thread``): one worker thread of the host's process that runs
+enqueued pieces in order.
 
 The host enqueues a step and goes on; the worker runs its pieces and releases the step's lock, which the
-host can wait on — so host/device overlap is real on CPU too. That only pays if the device work runs
-without the GIL: an eager step re-takes the GIL for every op and starves the host thread, so the engine
-hands the worker TorchScript calls (which release it) and the switch interval is shortened while the
-stream lives. The contract (ready before work, failures at wait, a synchronising close) is
-``stream.DeviceStream``'s.
+host can wait on. Its tensors are this process's, within reach of a debugger or a test. Its cost: the
+worker shares the interpreter's lock with the host, and every time it comes back from a torch call while
+the host runs Python it waits for it (~0.1 ms a hand-off on a 2-vCPU VM, whatever the switch interval), so
+a step runs longer beside a busy host — why the default CPU device is a process (``process.py``). The
+contract (ready before work, failures at wait, a synchronising close) is ``stream.DeviceStream``'s.
 """
 
 from __future__ import annotations
@@ -46,10 +47,10 @@ class CpuWorkerStream(DeviceStream):
                     self._run_pieces(work, pieces)
                 work._finish()
 
-    def _run_piece(self, work: DeviceWork, name: str, fn: Callable[[], None]) -> None:
+    def _run_piece(self, work: DeviceWork, name: str, fn: Callable[..., None], args: tuple) -> None:
         with self.nvtx.range(name):
             start = self.clock.now()
-            fn()
+            fn(*args)
             work.times[name] = (start, self.clock.now())
 
     def _submit(self, work: DeviceWork, pieces: list[Piece]) -> None:

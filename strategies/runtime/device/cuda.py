@@ -17,7 +17,7 @@ import torch
 from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
-from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece
+from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece, hold_for
 
 
 class CudaStream(DeviceStream):
@@ -42,13 +42,19 @@ class CudaStream(DeviceStream):
         with torch.cuda.stream(self.stream), torch.inference_mode():
             self._run_pieces(work, pieces)
 
-    def _run_piece(self, work: DeviceWork, name: str, fn: Callable[[], None]) -> None:
+    def _run_piece(self, work: DeviceWork, name: str, fn: Callable[..., None], args: tuple) -> None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record(self.stream)
         with self.nvtx.range(name):
-            fn()
+            if fn is hold_for:  # on the GPU: a kernel that spins for cycles (~2e9 a second on H100/H200: approximate)
+                torch.cuda._sleep(int(args[0] * 2e9))
+            else:
+                fn(*args)
         end.record(self.stream)
         work._events.append((name, start, end))
+
+    def query(self, work: DeviceWork) -> bool:
+        return not work._events or work._events[-1][2].query()
 
     def wait(self, work: DeviceWork) -> float:
         t = time.perf_counter()

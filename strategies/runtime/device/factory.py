@@ -1,4 +1,5 @@
-"""The device stream a run asks for: the CPU worker (shared or split memory) or a CUDA stream."""
+"""The device stream a run asks for: the CPU as a device process or a thread (shared or split memory), or a
+CUDA stream."""
 
 from __future__ import annotations
 
@@ -8,11 +9,20 @@ from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.cpu_worker import CpuWorkerStream
 from strategies.runtime.device.cuda import CudaStream
 from strategies.runtime.device.nvtx import Nvtx
+from strategies.runtime.device.process import ProcessStream
 from strategies.runtime.device.stream import DeviceStream
 
+CPU_DEVICES = ("process", "thread")  # --cpu-device
 
-def make_stream(device: str, clock: Clock, nvtx: Nvtx, threads: int = 1, memory: str = "shared") -> DeviceStream:
+
+def make_stream(device: str, clock: Clock, nvtx: Nvtx, threads: int = 1, memory: str = "shared",
+                cpu_device: str = "process") -> DeviceStream:
+    """``cpu_device``: the CPU as a device process (the default: it shares no interpreter lock with the host,
+    so host work does not slow a step), or as a thread of this process (its tensors within reach of a
+    debugger or a test)."""
     if device == "cpu":
+        if cpu_device == "process":
+            return ProcessStream(clock, nvtx, threads=threads, split=memory == "split")
         return CpuWorkerStream(clock, nvtx, threads=threads, split=memory == "split")
     if device.startswith("cuda"):
         if not torch.cuda.is_available():

@@ -12,8 +12,9 @@ from contextlib import contextmanager
 import nvtx
 
 DOMAIN = "slotbench"
-# encode: an encoder–decoder model's encoder piece; finalize: finished beams' hypotheses read back
-PHASES = ("schedule", "prepare", "encode", "forward", "sample", "postprocess", "finalize")
+# encode: an encoder–decoder model's encoder piece; finalize: finished beams' hypotheses read back; hold: the
+# device kept busy on purpose (DeviceStream.hold, for checks)
+PHASES = ("schedule", "prepare", "encode", "forward", "sample", "postprocess", "finalize", "hold")
 
 
 class Nvtx:

@@ -13,11 +13,15 @@ are this module's code, shared by all of them:
   ``wait`` raises the same error.
 - **``close`` synchronises**: it returns only when no piece is running or queued, so the engine's tensors
   can be freed after a failure or Ctrl-C while steps were still in flight.
+
+A piece is data, not a closure: (name, a method of the engine or a module-level function, its arguments),
+so that a device in another process (``process.py``) can run the same piece on its own engine.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -27,7 +31,13 @@ from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 
-Piece = tuple[str, Callable[[], None]]
+# (name, callable, arguments): an engine method (arguments: ints, a BufferSet) or a module-level function
+Piece = tuple[str, Callable[..., None], tuple]
+
+
+def hold_for(seconds: float) -> None:
+    """A piece that keeps the device busy (``DeviceStream.hold``)."""
+    time.sleep(seconds)
 
 
 @dataclass
@@ -86,6 +96,19 @@ class DeviceStream:
         self._submit(work, pieces)
         return work
 
+    def build_engine(self, cls: type, cfg: object, model: torch.nn.Module, **kwargs: object) -> object:
+        """``cls(cfg, model, self, **kwargs)``: the engine whose pieces this stream runs (a device in another
+        process also builds the same engine there, on the staging buffers this one allocates)."""
+        return cls(cfg, model, self, **kwargs)
+
+    def hold(self, seconds: float) -> DeviceWork:
+        """Keep the device busy for ``seconds`` after what is queued (tests: a launch must not wait for it)."""
+        return self.enqueue(-1, [("hold", hold_for, (seconds,))])
+
+    def query(self, work: DeviceWork) -> bool:
+        """Whether ``work`` is done, without blocking."""
+        return work.done()
+
     def wait(self, work: DeviceWork) -> float:
         """Block until ``work`` is done; returns the seconds the host spent blocked. Re-raises a failure."""
         raise NotImplementedError
@@ -103,14 +126,14 @@ class DeviceStream:
         kept, on this work and for every later one, for ``wait`` to raise."""
         if self.failure is None:
             try:
-                for name, fn in pieces:
-                    self._run_piece(work, name, fn)
+                for name, fn, args in pieces:
+                    self._run_piece(work, name, fn, args)
             except BaseException as exc:  # handed to the host at wait()
                 self.failure = exc
         work.error = self.failure
 
-    def _run_piece(self, work: DeviceWork, name: str, fn: Callable[[], None]) -> None:
-        fn()
+    def _run_piece(self, work: DeviceWork, name: str, fn: Callable[..., None], args: tuple) -> None:
+        fn(*args)
 
     def _raise_failure(self, work: DeviceWork) -> None:
         if work.error is not None:

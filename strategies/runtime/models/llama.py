@@ -4,7 +4,7 @@ The forward takes one flat list of tokens that mixes context (prefill) chunks an
 different requests. Every token carries the page it writes its key and value to (the paged KV cache:
 ``kv/pool.py``); attention reads a request's history back through its row of the step's block table,
 so a request's history never has to travel with the batch. The module is TorchScript-compatible: on CPU the whole
-forward runs as one scripted call that releases the GIL (see ``device/cpu_worker.py`` for why that matters).
+forward runs as one scripted call.
 """
 
 from __future__ import annotations

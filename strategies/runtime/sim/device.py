@@ -81,7 +81,7 @@ class SimStream(DeviceStream):
         start = max(self.clock.now(), self._free_at) + self.launch_latency_s
         work = super().enqueue(iteration, pieces)
         t = start
-        for name, _ in pieces:
+        for name, *_ in pieces:
             d = (durations or {}).get(name, 0.0)
             work.times[name] = (t, t + d)
             t += d

@@ -43,6 +43,10 @@ class SimModel(torch.nn.Module):
         out.scatter_(1, peak.unsqueeze(1), 8.0)
 
 
+def _nothing() -> None:
+    """The simulated encode piece: priced by the cost model, nothing to compute."""
+
+
 class SimEngine(Engine):
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, stages: int = 1,
                  **kwargs) -> None:
@@ -68,15 +72,15 @@ class SimEngine(Engine):
         if self.stages > 1:  # pipeline parallelism: the stream times each stage
             stage_s, hop_s = self.cost_model.stage_times(bufs.work, self.stages)
             durations = {"sample": stage_s[-1] * SAMPLE_FRACTION}
-            return self.stream.enqueue(iteration, [("forward", lambda: self._forward(iteration, bufs)),
-                                                   ("sample", lambda: self._sample(bufs))], durations,
+            return self.stream.enqueue(iteration, [("forward", self._forward, (iteration, bufs)),
+                                                   ("sample", self._sample, (bufs,))], durations,
                                        stage_s=stage_s, hop_s=hop_s)
         phases = self.cost_model.phases(bufs.work)
         encode = phases.pop("encoder", 0.0)
         total = sum(phases.values())
         durations = {"forward": total * (1 - SAMPLE_FRACTION), "sample": total * SAMPLE_FRACTION}
-        pieces = [("forward", lambda: self._forward(iteration, bufs)), ("sample", lambda: self._sample(bufs))]
+        pieces = [("forward", self._forward, (iteration, bufs)), ("sample", self._sample, (bufs,))]
         if encode:
             durations["encode"] = encode
-            pieces.insert(0, ("encode", lambda: None))
+            pieces.insert(0, ("encode", _nothing, ()))
         return self.stream.enqueue(iteration, pieces, durations)
