@@ -33,7 +33,7 @@ import torch
 from tqdm import tqdm
 
 from harness.errors import UserError
-from harness.io import atomic_write_json, atomic_write_parquet, atomic_write_text
+from harness.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet, atomic_write_text
 from harness.metrics import engine_metrics, request_metrics
 from harness.options import RunOptions
 from harness.records import iterations_frame, requests_frame, tokens_jsonl
@@ -253,7 +253,7 @@ def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
     tokens = {r.request_id: r.token_times_s for r in run.requests}
     atomic_write_parquet(d / "requests.parquet", req_df)
     atomic_write_parquet(d / "iterations.parquet", it_df)
-    atomic_write_text(d / "tokens.jsonl", tokens_jsonl(run.requests))
+    atomic_write_bytes(d / "tokens.jsonl", tokens_jsonl(run.requests))
     atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name), indent=None)
     return summary_row(run, req_df, it_df, tokens, opts)
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import io
-import json
-import math
 import os
 import tempfile
 from pathlib import Path
 
+import orjson
 import pandas as pd
 
 
@@ -30,23 +29,10 @@ def atomic_write_text(path: Path, text: str) -> None:
 
 
 def atomic_write_json(path: Path, obj: object, *, indent: int | None = 2) -> None:
-    """Strict JSON: NaN and infinities become null, as JSON has neither. ``indent=None`` for large files:
-    only then does the json module use its C encoder (a timeline of 10^4 iterations: ~20x faster)."""
-    try:  # most objects hold no NaN: encode once, and walk the object only when it does
-        text = json.dumps(obj, indent=indent, default=_jsonable, allow_nan=False)
-    except ValueError:
-        text = json.dumps(_finite(obj), indent=indent, default=_jsonable, allow_nan=False)
-    atomic_write_text(path, text + "\n")
-
-
-def _finite(x: object) -> object:
-    if isinstance(x, float):
-        return x if math.isfinite(x) else None
-    if isinstance(x, dict):
-        return {k: _finite(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_finite(v) for v in x]
-    return x
+    """Strict JSON: NaN and infinities become null, as JSON has neither (orjson's rule). ``indent``: 2 or
+    None (one line: a timeline of 10^4 iterations is written ~2x faster than the json module's C encoder)."""
+    option = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS | (orjson.OPT_INDENT_2 if indent else 0)
+    atomic_write_bytes(path, orjson.dumps(obj, default=_jsonable, option=option) + b"\n")
 
 
 def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
@@ -58,6 +44,6 @@ def atomic_write_parquet(path: Path, df: pd.DataFrame) -> None:
 def _jsonable(x: object) -> object:
     if hasattr(x, "item"):
         return x.item()
-    if isinstance(x, tuple | set):
+    if isinstance(x, set):
         return list(x)
     return str(x)

@@ -15,9 +15,8 @@ sequence may be shorter than.
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
+import orjson
 import pandas as pd
 
 from strategies.runtime.iteration import ITERATION_COLUMNS, IterationRecord
@@ -51,8 +50,9 @@ def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
     return pd.DataFrame({c: [getattr(r, c) for r in records] for c in ITERATION_COLUMNS}, columns=ITERATION_COLUMNS)
 
 
-def tokens_jsonl(requests: list[Request]) -> str:
-    return "".join(json.dumps(_token_line(r)) + "\n" for r in requests)
+def tokens_jsonl(requests: list[Request]) -> bytes:
+    # orjson: the json module spent ~1.5 s on the 2.5 million token times of a 10^4-request run (~0.15 s)
+    return b"".join(orjson.dumps(_token_line(r)) + b"\n" for r in requests)
 
 
 def _token_line(r: Request) -> dict:
@@ -67,6 +67,6 @@ def read_tokens(text: str) -> dict[str, list[float]]:
     out = {}
     for line in text.splitlines():
         if line.strip():
-            obj = json.loads(line)
+            obj = orjson.loads(line)
             out[obj["request_id"]] = obj["times_s"]
     return out

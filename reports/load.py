@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pandas as pd
 
 
@@ -41,9 +42,9 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
         gaps, times = [], []
         finished = set(data.requests[strategy].query("status == 'finished'")["request_id"])
-        with open(d / "tokens.jsonl") as f:
+        with open(d / "tokens.jsonl", "rb") as f:
             for line in f:
-                obj = json.loads(line)
+                obj = orjson.loads(line)
                 t = np.asarray(obj["times_s"], dtype=np.float64)
                 times.append(t)
                 if obj["request_id"] in finished and len(t) > 1:

@@ -240,11 +240,15 @@ class Strategy(Executor):
         device computed for a request it knew to be finished (static's done rows, overlap's one extra
         step) are padding. A finished beam request's sequences are read back before its slot is let go."""
         with self._phase(rec, "postprocess"):
-            tokens, codes = self.engine.outputs(bufs)
+            out = self.engine.outputs(bufs)
             now = self.clock.now()  # the host holds the tokens from here: what a streaming client sees
             beams_done: list[tuple[Request, int]] = []
-            for r, tok, code in zip(bufs.step.rows, tokens, codes, strict=True):
+            running = Status.RUNNING
+            for r, (tok, code) in zip(bufs.step.rows, out, strict=True):
                 r.pending_samples -= 1
+                if code == CONTINUE and r.status is running:  # the common case, first
+                    r.append_token(tok, now)
+                    continue
                 if code == DISCARDED:
                     rec.num_padding_tokens += r.width
                     continue

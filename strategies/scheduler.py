@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
+from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request
 
@@ -44,22 +44,26 @@ class IterationScheduler:
         budget = self.config.max_num_tokens
         decodes, prefills = [], []
         for r in running:
-            (prefills if r.is_prefilling else decodes).append(r)
+            (prefills if r.num_computed_tokens < r.context_target else decodes).append(r)
         kv, tpb = self.kv, self.kv.tokens_per_block
+        held = kv.held_blocks
+        gen_requests, gen_positions = batch.gen_requests, batch.gen_positions
         for r in decodes:  # decodes first: one token per beam (the hot path: one pass, no helper calls)
             if budget < r.width:
                 if budget < 1:
                     break
                 continue
-            if r.slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens:
+            slot = r.slot
+            if slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens:
                 continue  # preempted earlier in this loop; or every token it wants is on its way
-            tokens = r.num_computed_tokens + 1
-            if tokens > kv.held(r.slot) * tpb:  # the token starts a new block
-                if not self.guaranteed and not self._make_room(r, tokens, running, batch, preempt):
+            position = r.num_computed_tokens
+            if position >= held[slot] * tpb:  # the token starts a new block
+                if not self.guaranteed and not self._make_room(r, position + 1, running, batch, preempt):
                     continue
-                kv.grow(r.slot, tokens)
-            batch.generation.append(GenerationStep(r, r.num_computed_tokens))
-            r.num_computed_tokens = tokens
+                kv.grow(slot, position + 1)
+            gen_requests.append(r)
+            gen_positions.append(position)
+            r.num_computed_tokens = position + 1
             r.pending_samples += 1
             budget -= r.width
         for r in prefills:  # then prefill chunks
@@ -72,7 +76,7 @@ class IterationScheduler:
                 continue
             kv.grow(r.slot, r.num_computed_tokens + n)
             budget -= self._add(batch, r, n)
-        rows = len(batch.context) + len(batch.generation)
+        rows = len(batch.context) + len(gen_requests)
         if self.config.max_beam_width > 1:  # a beam request decodes K rows: count every running request's
             rows = sum(r.width for r in running)
         while waiting and free_slots > 0 and budget > 0:
@@ -99,6 +103,8 @@ class IterationScheduler:
             free_slots -= 1
             rows += r.width
             budget -= enc + self._add(batch, r, n)
+        if self.config.max_beam_width == 1:
+            batch.no_beams()
         return batch
 
     def _may_chunk(self, r: Request) -> bool:
@@ -132,7 +138,7 @@ class IterationScheduler:
             batch.context.append(ContextChunk(r, r.num_computed_tokens, n, samples))
         else:
             samples = True
-            batch.generation.append(GenerationStep(r, r.num_computed_tokens))
+            batch.add_generation(r, r.num_computed_tokens)
         r.num_computed_tokens += n
         r.pending_samples += samples
         return n

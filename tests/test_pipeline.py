@@ -122,7 +122,7 @@ def test_micro_batches_hold_disjoint_requests(pipeline):
 
     def spy(iteration):
         batch = schedule(iteration)
-        ids = {id(c.request) for c in batch.context} | {id(g.request) for g in batch.generation}
+        ids = {id(c.request) for c in batch.context} | {id(r) for r in batch.gen_requests}
         overlaps.append(ids & pipeline._in_flight)
         in_flight_seen.append(len(pipeline._in_flight))
         return batch

@@ -88,7 +88,7 @@ class PipelineStrategy(InflightStrategy):
             if batch:
                 bufs = self.engine.buffer_sets[iteration % self.num_buffer_sets]
                 rec.micro_batch = bufs.index
-                members = [c.request for c in batch.context] + [g.request for g in batch.generation]
+                members = [c.request for c in batch.context] + batch.gen_requests
                 self._in_flight.update(id(r) for r in members)
                 in_flight.append((rec, self._launch(rec, batch, bufs), bufs, members))
                 iteration += 1

@@ -51,7 +51,7 @@ class Engine:
         self.kv = self._kv_storage(num_blocks, tokens_per_block)
         empty = memory.zeros((0,), cfg.torch_dtype)
         self._k, self._v = (self.kv.k, self.kv.v) if self.kv is not None else (empty, empty)
-        self.state = DecoderState(num_slots, MAX_STOP_IDS, memory, max_beam, max_seq_len)
+        self.state = self._decoder_state(num_slots, max_beam, max_seq_len)
         # Finished beam requests' hypotheses, read back once per finish (not per step): [F, Kb, L] tokens,
         # [F, Kb] lengths and scores, for the slots listed in ``_final_slots``.
         kb, g = (max_beam, max_seq_len) if max_beam > 1 else (0, 0)
@@ -59,15 +59,19 @@ class Engine:
         self._final_tokens = Mirrored(memory, (num_slots, kb, g), torch.int64)
         self._final_lens = Mirrored(memory, (num_slots, kb), torch.int64)
         self._final_scores = Mirrored(memory, (num_slots, kb), torch.float32)
+        slot_modes = np.zeros((num_slots, 2), dtype=bool)  # [S, 2] shared by the sets (StepIO.slot_modes)
         self.buffer_sets = [
             BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block, cfg.vocab_size, memory),
-                      StepIO(max_batch, MAX_STOP_IDS, memory))
+                      StepIO(max_batch, MAX_STOP_IDS, memory, slot_modes))
             for i in range(num_buffer_sets)
         ]
         self.fault_at_iteration: int | None = None  # test hook: the device step raises at this iteration
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> KVCachePool | None:
         return KVCachePool(self.cfg, num_blocks, tokens_per_block, self.stream.memory)
+
+    def _decoder_state(self, num_slots: int, max_beam: int, max_seq_len: int) -> DecoderState:
+        return DecoderState(num_slots, MAX_STOP_IDS, self.stream.memory, max_beam, max_seq_len)
 
     @property
     def kv_bytes(self) -> int:
@@ -87,10 +91,9 @@ class Engine:
         return self.stream.enqueue(iteration, [("forward", self._forward, (iteration, bufs)),
                                                ("sample", self._sample, (bufs,))])
 
-    def outputs(self, bufs: BufferSet) -> tuple[list[int], list[int]]:
-        """Sampled tokens and finish codes per request; valid once the step's work is waited for."""
-        out = bufs.step.out.host[:len(bufs.step.rows)].tolist()
-        return [t for t, _ in out], [c for _, c in out]
+    def outputs(self, bufs: BufferSet) -> list[list[int]]:
+        """[token, finish code] per request; valid once the step's work is waited for."""
+        return bufs.step.out.host[:len(bufs.step.rows)].tolist()
 
     def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
         """The finished hypotheses of beam requests the device has finished, best first, each as (tokens,
@@ -117,9 +120,12 @@ class Engine:
         for m in (self._final_tokens, self._final_lens, self._final_scores):
             m.download(n)
 
-    def _forward(self, iteration: int, bufs: BufferSet) -> None:
+    def _check_fault(self, iteration: int) -> None:
         if self.fault_at_iteration is not None and iteration >= self.fault_at_iteration:
             raise RuntimeError(f"injected engine fault at iteration {iteration}")
+
+    def _forward(self, iteration: int, bufs: BufferSet) -> None:
+        self._check_fault(iteration)
         rb, io = bufs.runtime, bufs.step
         rb.upload()
         io.upload()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import deque
 
 from strategies.base import Strategy
-from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
+from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.request import Request, Status
 
 
@@ -98,7 +98,7 @@ class StaticStrategy(Strategy):
     def _decode(self, batch: ScheduledBatch) -> None:
         last = self.config.max_seq_len - 1
         for r in self.batch:  # finished rows too: they are computed and their output discarded
-            batch.generation.append(GenerationStep(r, min(r.num_computed_tokens, last)))
+            batch.add_generation(r, min(r.num_computed_tokens, last))
             r.num_computed_tokens += 1
             r.pending_samples += 1
 

@@ -15,7 +15,7 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
-from strategies.runtime.batch import GenerationStep, ScheduledBatch
+from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS
 from strategies.runtime.models.llama import build_model
@@ -48,7 +48,7 @@ def _stepper(s, reqs):
         i = state["i"]
         for r in reqs:  # the host's count of launched steps bounds the device's beam buffers
             r.pending_samples = i + 1
-        batch = ScheduledBatch(i, generation=[GenerationStep(r, r.prompt_len + 30) for r in reqs],
+        batch = ScheduledBatch(i, gen_requests=list(reqs), gen_positions=[r.prompt_len + 30 for r in reqs],
                                admitted=reqs if i == 0 else [])
         s.engine.prepare(batch, bufs, s.kv.tables)
         s.stream.wait(s.engine.launch(i, bufs))

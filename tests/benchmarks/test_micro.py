@@ -20,7 +20,7 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
-from strategies.runtime.batch import GenerationStep, ScheduledBatch
+from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
 from strategies.runtime.buffers.step_io import StepIO
@@ -79,7 +79,7 @@ def decode_step():
         reqs = [Request(f"r{i}", np.arange(128 + 2 * i) % 4000, 64, SamplingParams()) for i in range(32)]
         for r in reqs:
             s._admit(r, [], r.prompt_len + 64)
-        batch = ScheduledBatch(0, generation=[GenerationStep(r, r.prompt_len + 30) for r in reqs])
+        batch = ScheduledBatch(0, gen_requests=list(reqs), gen_positions=[r.prompt_len + 30 for r in reqs])
         bufs = s.engine.buffer_sets[0]
 
         def step() -> None:
@@ -182,14 +182,14 @@ def test_buffer_preparation(benchmark, rows, decode_step):
     per 32 rows."""
     memory = DeviceMemory(torch.device("cpu"), split=True)
     rb = RuntimeBuffers(4096, rows, 512, 16, 32000, memory)
-    io = StepIO(rows, 8, memory)
+    io = StepIO(rows, 8, memory, np.zeros((rows, 2), dtype=bool))
     kv = BlockManager(rows * 32, 16, rows, 32)
     reqs = _requests(rows)
     for i, r in enumerate(reqs):
         r.admit(i, i)
         kv.admit(i, [], 192)
         r.num_computed_tokens = r.prompt_len
-    batch = ScheduledBatch(0, generation=[GenerationStep(r, r.prompt_len) for r in reqs])
+    batch = ScheduledBatch(0, gen_requests=list(reqs), gen_positions=[r.prompt_len for r in reqs])
 
     def prepare():
         order = batch.sampled_requests

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from harness.calibrate.op_profile import load_op_tables
-from strategies.runtime.batch import BatchWork, ContextChunk, GenerationStep, ScheduledBatch
+from strategies.runtime.batch import BatchWork, ContextChunk, ScheduledBatch
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.kernels import ELEMENTWISE, GEMMS
@@ -108,7 +108,9 @@ def test_whole_steps_with_attention_against_measured_a100_and_a40_kernels(benchm
         for pre, dec in steps:
             batch = ScheduledBatch(0)
             batch.context = [ContextChunk(_ROW, kv, n, True) for n, kv in pre]
-            batch.generation = [GenerationStep(_ROW, kv) for rows, kv in dec for _ in range(rows)]
+            for rows, kv in dec:
+                for _ in range(rows):
+                    batch.add_generation(_ROW, kv)
             work = batch.work()
             layer = sum(mlp[gpu, work.tokens, op] for op in GEMMS) + sum(
                 mlp[gpu, work.tokens, op] * n for op, (_, _, n) in ELEMENTWISE.items())

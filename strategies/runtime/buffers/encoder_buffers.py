@@ -62,7 +62,7 @@ class EncoderBuffers:
             self.lens.append(n)
             off += n
         self.num_tokens = self.num_fill = off
-        reqs = [c.request for c in batch.context] + [g.request for g in batch.generation]
+        reqs = [c.request for c in batch.context] + batch.gen_requests
         self.cross_lens = [r.encoder_len for r in reqs]
         self.cross_len.np[:len(reqs)] = self.cross_lens
         width = -(-max(self.cross_lens, default=0) // tpb)

@@ -60,7 +60,7 @@ class RuntimeBuffers:
         beams = kb > 1
         table = tables.reshape(-1, tables.shape[2])  # [S * Kb, MB] a view: row slot * Kb + beam
         self.ctx_starts, self.ctx_lens, self.ctx_pos0 = [], [], []
-        slots: list[int] = []  # the table row (slot * Kb + beam) of each request row, in step order
+        slots: list[int] | np.ndarray = []  # the table row (slot * Kb + beam) of each context row, in step order
         # beams: id(request) → (packed index of its first sampled token, 0 if every beam samples that one
         # token (a context chunk's last) else 1 (one token per beam))
         sampled_at: dict[int, tuple[int, int]] = {}
@@ -87,16 +87,17 @@ class RuntimeBuffers:
                     num_rows += 1
             off += n
         self.num_ctx_tokens = off
-        g = len(batch.generation)
+        gen = batch.gen_requests
+        g = len(gen)
         kmax = 0
         if g:
-            gen_slots = np.fromiter((s.request.slot for s in batch.generation), np.int64, g)
-            gen_pos = np.fromiter((s.position for s in batch.generation), np.int64, g)
+            gen_slots = np.array([r.slot for r in gen], dtype=np.int64)  # [G]
+            gen_pos = np.array(batch.gen_positions, dtype=np.int64)  # [G]
             if beams:  # one row per beam: repeat each request's slot and position, number its beams
-                widths = np.fromiter((s.request.width for s in batch.generation), np.int64, g)
+                widths = np.array([r.width for r in gen], dtype=np.int64)  # [G]
                 first = np.cumsum(widths) - widths
-                for s, at in zip(batch.generation, first.tolist(), strict=True):
-                    sampled_at[id(s.request)] = (off + at, 1)
+                for r, at in zip(gen, first.tolist(), strict=True):
+                    sampled_at[id(r)] = (off + at, 1)
                 gen_beam = np.arange(widths.sum()) - np.repeat(first, widths)
                 gen_slots = np.repeat(gen_slots, widths) * kb + gen_beam  # table rows
                 gen_pos = np.repeat(gen_pos, widths)
@@ -110,7 +111,6 @@ class RuntimeBuffers:
             if not beams:
                 rows[num_rows:num_rows + g] = np.arange(off, end)
                 num_rows += g
-            slots.extend(gen_slots.tolist())
             kmax = int(gen_pos.max()) + 1
             width = max(width, -(-kmax // tokens_per_block))
         if beams:  # output rows in ``order``: a context sampler's row repeated per beam, a step's beams in turn
@@ -119,6 +119,8 @@ class RuntimeBuffers:
                 rows[num_rows:num_rows + r.width] = at + stride * self._arange[:r.width]
                 num_rows += r.width
         self.num_tokens, self.num_samples, self.gen_kmax = off + g, num_rows, kmax
+        if g:  # the table rows of every request row, in step order
+            slots = np.concatenate((np.array(slots, dtype=np.int64), gen_slots)) if slots else gen_slots
         self.table_shape = (len(slots), width)
         self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = table[slots, :width]
 

@@ -10,6 +10,7 @@ one iteration only, beside the persistent decoder state; a strategy may hold sev
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
@@ -21,8 +22,13 @@ ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, ea
 class StepIO:
     HOST_STATE = ("num_rows", "num_admit", "num_single", "groups", "use_filters", "any_random")  # as RuntimeBuffers'
 
-    def __init__(self, max_batch: int, max_stop_ids: int, memory: DeviceMemory) -> None:
+    def __init__(self, max_batch: int, max_stop_ids: int, memory: DeviceMemory, slot_modes: np.ndarray) -> None:
         self.max_stop_ids = max_stop_ids
+        # [S, 2] per slot: its request uses top-k/p/min-p filters, samples at random. Set at admission, read
+        # per step as one gather (an any() over ~250 requests cost the host ~15 us a step). Shared by an
+        # engine's buffer sets: a slot's flags change only when a new request takes it, which no set still
+        # being prepared can hold a row of.
+        self.slot_modes = slot_modes
         self.slots = Mirrored(memory, (max_batch,), torch.int64)  # [R] slot of each request with an output
         self.admit = Mirrored(memory, (max_batch, ADMIT_INTS + max_stop_ids), torch.int64)  # [A, 7 + M]
         # [A, 4] temperature, top_p, min_p, length_penalty
@@ -41,14 +47,14 @@ class StepIO:
     def fill(self, order: list[Request], admitted: list[Request], eos_token_id: int) -> None:
         """``order``: the requests in output order (``ScheduledBatch.sampled_requests``)."""
         self.rows = order
-        self.num_rows = len(order)
+        self.num_rows = n = len(order)
         slots = self.slots.np
-        for i, r in enumerate(order):
-            slots[i] = r.slot
+        slots[:n] = [r.slot for r in order]
         self.num_admit = len(admitted)
-        ints, floats = self.admit.np, self.admit_f.np
+        ints, floats, modes = self.admit.np, self.admit_f.np, self.slot_modes
         for i, r in enumerate(admitted):
             s = r.sampling
+            modes[r.slot] = (s.uses_filters, s.temperature > 0)
             stops = self._stops(r, eos_token_id)
             row = ints[i]
             row[:ADMIT_INTS] = (r.slot, r.num_output_tokens, r.max_new_tokens, s.seed, s.top_k, s.early_stopping_code,
@@ -58,8 +64,7 @@ class StepIO:
             floats[i] = (s.temperature, s.top_p, s.min_p, s.length_penalty)
         single = [r for r in order if r.width == 1] if len(order) and order[-1].width > 1 else order
         self.num_single = len(single)
-        self.use_filters = any(r.sampling.uses_filters for r in single)
-        self.any_random = any(r.sampling.temperature > 0 for r in single)
+        self.use_filters, self.any_random = modes[slots[:self.num_single]].any(axis=0).tolist()
         self.groups = []
         for r in order[self.num_single:]:
             # HF keeps max(2, 1 + stop ids) x K candidates, so that K unfinished ones always remain.

@@ -49,7 +49,7 @@ class BlockManager:
         self.prefix_caching = prefix_caching
         self.tables = np.zeros((num_slots, max_beam, max_blocks_per_seq), dtype=np.int64)  # [S, Kb, MB]
         self.table = self.tables[:, 0]  # [S, MB] each slot's (beam 0's) blocks
-        self._held = [0] * num_slots  # blocks in each slot's table row
+        self.held_blocks = [0] * num_slots  # blocks in each slot's table row (read per request per step)
         self._width = [1] * num_slots  # beam rows of the slot's request
         self._shared = [0] * num_slots  # leading blocks every beam of the slot reads (the prompt's full ones)
         self._hashed = [0] * num_slots  # leading blocks of the row registered in the cache
@@ -78,7 +78,7 @@ class BlockManager:
         return -(-num_tokens // self.tokens_per_block)
 
     def held(self, slot: int) -> int:
-        return self._held[slot]
+        return self.held_blocks[slot]
 
     # --- prefix cache ----------------------------------------------------------------------------
     def block_hashes(self, r: Request, n: int) -> list[int]:
@@ -112,8 +112,8 @@ class BlockManager:
     def admit(self, slot: int, hits: list[int], reserve_tokens: int, width: int = 1, prompt_len: int = 0) -> None:
         """Give an empty slot its cached prefix blocks, then grow it to ``reserve_tokens``; a beam request
         (``width`` > 1) shares the full blocks of its ``prompt_len`` prompt among its beams."""
-        if self._held[slot]:
-            raise RuntimeError(f"slot {slot} still holds {self._held[slot]} blocks")
+        if self.held_blocks[slot]:
+            raise RuntimeError(f"slot {slot} still holds {self.held_blocks[slot]} blocks")
         if width > self.tables.shape[1]:
             raise RuntimeError(f"beam width {width} exceeds the tables' {self.tables.shape[1]} rows")
         for b in hits:
@@ -121,19 +121,19 @@ class BlockManager:
         self._width[slot] = width
         self._shared[slot] = prompt_len // self.tokens_per_block if width > 1 else 0
         self.tables[slot, :width, :len(hits)] = hits
-        self._held[slot] = self._hashed[slot] = len(hits)
+        self.held_blocks[slot] = self._hashed[slot] = len(hits)
         self.grow(slot, reserve_tokens)
 
     def extra_blocks(self, slot: int, num_tokens: int) -> int:
         """Blocks still to take so that ``slot`` can hold ``num_tokens`` tokens (in every beam)."""
         shared_tokens = self._shared[slot] * self.tokens_per_block
-        return beam_blocks(num_tokens, self.tokens_per_block, self._width[slot], shared_tokens, self._held[slot])
+        return beam_blocks(num_tokens, self.tokens_per_block, self._width[slot], shared_tokens, self.held_blocks[slot])
 
     def can_grow(self, slot: int, num_tokens: int) -> bool:
         return self.extra_blocks(slot, num_tokens) <= self.free_blocks
 
     def grow(self, slot: int, num_tokens: int) -> None:
-        n, need = self._held[slot], self.blocks_for(num_tokens)
+        n, need = self.held_blocks[slot], self.blocks_for(num_tokens)
         if need <= n:  # every beam already holds the blocks (the common decode step)
             return
         extra = self.extra_blocks(slot, num_tokens)
@@ -148,7 +148,7 @@ class BlockManager:
             rows[b, n:own] = rows[0, n:own]
             if need > own:
                 rows[b, own:need] = self._allocate(need - own)
-        self._held[slot] = need
+        self.held_blocks[slot] = need
 
     def commit(self, slot: int, r: Request) -> None:
         """Register the slot's blocks that are now full of known tokens with computed keys. Keys are
@@ -171,7 +171,7 @@ class BlockManager:
     def release(self, slot: int, r: Request) -> None:
         """Let go of every block of the slot; cached ones stay reusable, tail blocks evicted first."""
         self.commit(slot, r)
-        held, shared = self._held[slot], self._shared[slot]
+        held, shared = self.held_blocks[slot], self._shared[slot]
         for beam in range(self._width[slot] - 1, 0, -1):  # beams' own blocks: never cached
             self._free.extend(int(b) for b in self.tables[slot, beam, shared:held])
             for i in range(shared, held):
@@ -184,7 +184,7 @@ class BlockManager:
                     self._evictable[b] = None
                 else:
                     self._free.append(b)
-        self._held[slot] = self._hashed[slot] = 0
+        self.held_blocks[slot] = self._hashed[slot] = 0
         self._width[slot], self._shared[slot] = 1, 0
 
     def _take(self, block: int) -> None:

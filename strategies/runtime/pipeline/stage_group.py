@@ -71,9 +71,11 @@ class PipelineEngine:
             raise ValueError(f"--pp {stages}: the model has only {cfg.num_hidden_layers} layers")
         self.cfg, self.stages, self.tokens_per_block, self.timeout_s = cfg, stages, tokens_per_block, timeout_s
         self.memory = DeviceMemory(torch.device("cpu"), split=False)  # the host's buffers; stages hold the rest
+        slot_modes = np.zeros((num_slots, 2), dtype=bool)  # [S, 2] shared by the sets (StepIO.slot_modes)
         self.buffer_sets = [BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block,
                                                         cfg.vocab_size, self.memory),
-                                      StepIO(max_batch, MAX_STOP_IDS, self.memory)) for i in range(num_buffer_sets)]
+                                      StepIO(max_batch, MAX_STOP_IDS, self.memory, slot_modes))
+                            for i in range(num_buffer_sets)]
         n_ints = m.max_ints(max_tokens, max_batch, -(-max_seq_len // tokens_per_block), MAX_STOP_IDS)
         self._send = [(torch.zeros(m.HEADER, dtype=torch.int64), torch.zeros(n_ints, dtype=torch.int64),
                        torch.zeros(max_batch * 4)) for _ in range(num_buffer_sets)]
@@ -115,8 +117,8 @@ class PipelineEngine:
         rb, io = bufs.runtime, bufs.step
         rb.fill(batch, block_table, order)
         io.fill(order, batch.admitted, self.cfg.eos_token_id)
-        if batch.generation:  # a request is in one micro-batch at a time: the host knows its input token
-            ids = np.fromiter((g.request.token_ids[-1] for g in batch.generation), np.int64, len(batch.generation))
+        if batch.gen_requests:  # a request is in one micro-batch at a time: the host knows its input token
+            ids = np.fromiter((r.token_ids[-1] for r in batch.gen_requests), np.int64, len(batch.gen_requests))
             rb.tokens.np[rb.num_ctx_tokens:rb.num_tokens, ID] = ids
         bufs.work = batch.work()
 
@@ -137,9 +139,8 @@ class PipelineEngine:
     def times_of(self, iteration: int) -> torch.Tensor:
         return self._times[self._set_of.pop(iteration)]
 
-    def outputs(self, bufs: BufferSet) -> tuple[list[int], list[int]]:
-        out = self._out[bufs.index][:len(bufs.step.rows)].tolist()
-        return [t for t, _ in out], [c for _, c in out]
+    def outputs(self, bufs: BufferSet) -> list[list[int]]:
+        return self._out[bufs.index][:len(bufs.step.rows)].tolist()
 
     def what_failed(self, timed_out: bool) -> str:
         """Why the host's wait failed. Timed out: a stage went silent (the stages behind it time out too, and

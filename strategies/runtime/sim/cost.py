@@ -53,6 +53,7 @@ from strategies.runtime.sim.kernels import (
 from strategies.runtime.sim.profile import DeviceProfile
 
 PHASES = ("linear", "attention", "elementwise", "embedding", "lm_head", "communication", "overhead")
+SHAPE_CACHE_SIZE = 1 << 16  # distinct (tokens, samples, encoder tokens) kept; a 70B run at batch 256 sees ~4,000
 
 @dataclass(frozen=True)
 class Term:
@@ -89,11 +90,30 @@ class CostModel:
             self.encoder_gemms = {name: f(h, i) for name, f in BART_ENCODER_GEMMS.items()}
         self.weight_bytes = spec.num_parameters * self.dtype_bytes
         self.kv_bytes_per_token = 2 * spec.num_hidden_layers * self.shapes[2] * self.dtype_bytes
+        self._shape_cache: dict[tuple[int, int, int], dict[str, float]] = {}  # phases(): per distinct shape
 
     def terms(self, w: BatchWork) -> list[Term]:
         """Every kind of kernel the step runs, with its work per launch on one rank."""
+        return self._shape_terms(w.tokens, w.samples, w.encoder_tokens) + self._attention_terms(w)
+
+    def _shape_terms(self, tokens: int, samples: int, encoder_tokens: int) -> list[Term]:
+        """The kernels whose work depends only on the step's token and sampled-row counts: GEMMs,
+        element-wise kernels, the embedding gather and the LM head."""
         p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.num_hidden_layers
-        out = [self._gemm("linear", name, w.tokens, r, c, layers) for name, (r, c) in self.gemms.items()]
+        out = [self._gemm("linear", name, tokens, r, c, layers) for name, (r, c) in self.gemms.items()]
+        out += [self._elementwise("elementwise", op, tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+        out.append(self._elementwise("embedding", "emb", tokens, 1))
+        head_flops, head_bytes = gemm_work(samples, s.hidden_size, s.vocab_size, tp, b)
+        out.append(Term("lm_head", head_flops, head_bytes + samples * s.vocab_size * 4 / tp,  # float32 logits
+                        p.eff_flops, p.eff_bw, p.gemm_kernel_s, 1))
+        if self.encoder_gemms and encoder_tokens:  # newly encoded requests' outputs become cross K/V, once,
+            h = s.hidden_size  # in every layer
+            out.append(self._gemm("linear", "cross_attn_kv", encoder_tokens, h, 2 * h, layers))
+        return out
+
+    def _attention_terms(self, w: BatchWork) -> list[Term]:
+        """Attention: its work depends on every row's context, so it is priced step by step."""
+        p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.num_hidden_layers
         pair_flops = 4 * s.num_attention_heads * s.head_dim / tp  # per (query, key) pair and layer
         kv = self.kv_bytes_per_token / layers / tp  # per token and layer
         decode_kv = w.kv_read_tokens - w.context_kv_read_tokens + w.tokens - w.context_tokens  # read + written
@@ -102,25 +122,17 @@ class CostModel:
             prefill = prefill_attention_s(p, w.context_chunks, w.context_tokens, w.context_kv_read_tokens, heads,
                                           s.head_dim)
             decode = decode_attention_s(p, w.tokens - w.context_tokens, decode_kv, kv_heads, s.head_dim, b)
-            out += [Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, prefill),
-                    Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, decode)]
+            out = [Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, prefill),
+                   Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, decode)]
         else:
             decode_pairs = w.attention_pairs - w.context_attention_pairs
-            out += [Term("attention", pair_flops * w.context_attention_pairs,
-                         kv * (w.context_kv_read_tokens + w.context_tokens), p.attn_eff_flops, p.eff_bw, 0.0, layers),
-                    Term("attention", pair_flops * decode_pairs, kv * decode_kv, p.attn_eff_flops, p.eff_bw, 0.0,
-                         layers)]
+            out = [Term("attention", pair_flops * w.context_attention_pairs,
+                        kv * (w.context_kv_read_tokens + w.context_tokens), p.attn_eff_flops, p.eff_bw, 0.0, layers),
+                   Term("attention", pair_flops * decode_pairs, kv * decode_kv, p.attn_eff_flops, p.eff_bw, 0.0,
+                        layers)]
         out += [Term("attention", 0.0, 0.0, 1.0, 1.0, p.attn_kernel_s, layers),  # the attention kernel's launch
                 Term("attention", 0.0, 0.0, 1.0, 1.0, p.kernel_s, layers)]  # the KV-cache write's
-        out += [self._elementwise("elementwise", op, w.tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
-        out.append(self._elementwise("embedding", "emb", w.tokens, 1))
-        head_flops, head_bytes = gemm_work(w.samples, s.hidden_size, s.vocab_size, tp, b)
-        out.append(Term("lm_head", head_flops, head_bytes + w.samples * s.vocab_size * 4 / tp,  # float32 logits
-                        p.eff_flops, p.eff_bw, p.gemm_kernel_s, 1))
         if self.encoder_gemms:  # the decoder's side of cross-attention
-            h = s.hidden_size
-            if w.encoder_tokens:  # newly encoded requests' outputs become cross K/V, once, in every layer
-                out.append(self._gemm("linear", "cross_attn_kv", w.encoder_tokens, h, 2 * h, layers))
             out.append(Term("attention", pair_flops * w.cross_attention_pairs,
                             kv * (w.cross_kv_read_tokens + w.encoder_tokens), p.attn_eff_flops, p.eff_bw, p.kernel_s,
                             layers))
@@ -139,31 +151,54 @@ class CostModel:
 
     def encoder_terms(self, w: BatchWork) -> list[Term]:
         """The encode piece: the encoder's layers over the admitted requests' encoder tokens."""
-        p, s, tp, layers = self.profile, self.spec, self.tp, self.spec.encoder_layers
-        if not w.encoder_tokens:
+        return self._encoder_shape_terms(w.encoder_tokens) + self._encoder_attention_terms(w)
+
+    def _encoder_shape_terms(self, encoder_tokens: int) -> list[Term]:
+        layers = self.spec.encoder_layers
+        if not encoder_tokens:
             return []
-        out = [self._gemm("encoder", name, w.encoder_tokens, r, c, layers)
-               for name, (r, c) in self.encoder_gemms.items()]
-        kv = self.kv_bytes_per_token / s.num_hidden_layers / tp
-        out.append(Term("encoder", 4 * s.num_attention_heads * s.head_dim / tp * w.encoder_attention_pairs,
-                        kv * w.encoder_tokens, p.attn_eff_flops, p.eff_bw, p.kernel_s, layers))
-        out += [self._elementwise("encoder", op, w.encoder_tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+        out = [self._gemm("encoder", name, encoder_tokens, r, c, layers) for name, (r, c) in self.encoder_gemms.items()]
+        out += [self._elementwise("encoder", op, encoder_tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
         return out
 
+    def _encoder_attention_terms(self, w: BatchWork) -> list[Term]:
+        p, s, tp = self.profile, self.spec, self.tp
+        if not w.encoder_tokens:
+            return []
+        kv = self.kv_bytes_per_token / s.num_hidden_layers / tp
+        return [Term("encoder", 4 * s.num_attention_heads * s.head_dim / tp * w.encoder_attention_pairs,
+                     kv * w.encoder_tokens, p.attn_eff_flops, p.eff_bw, p.kernel_s, s.encoder_layers)]
+
     def phases(self, w: BatchWork) -> dict[str, float]:
-        """Seconds per phase for one step over ``w``."""
+        """Seconds per phase for one step over ``w``. The cost model is pure, so what depends only on the
+        step's shape (tokens, sampled rows, encoder tokens) is priced once per distinct shape; attention
+        is priced each step."""
+        p = self.profile
+        key = (w.tokens, w.samples, w.encoder_tokens)
+        shape = self._shape_cache.get(key)
+        if shape is None:
+            if len(self._shape_cache) >= SHAPE_CACHE_SIZE:
+                self._shape_cache.clear()
+            shape = self._shape_cache[key] = self._shape_phases(*key)
+        secs = dict(shape)
+        secs["attention"] = sum(t.seconds(p) for t in self._attention_terms(w))
+        if self.encoder_gemms:
+            secs["encoder"] += sum(t.seconds(p) for t in self._encoder_attention_terms(w))
+        return secs
+
+    def _shape_phases(self, tokens: int, samples: int, encoder_tokens: int) -> dict[str, float]:
         p, s, tp = self.profile, self.spec, self.tp
         secs = dict.fromkeys(PHASES, 0.0)
-        for t in self.terms(w):
+        for t in self._shape_terms(tokens, samples, encoder_tokens):
             secs[t.phase] += t.seconds(p)
         if tp > 1:  # two per layer (attention and MLP outputs)
-            nbytes = w.tokens * s.hidden_size * self.dtype_bytes  # the layer's output activations
+            nbytes = tokens * s.hidden_size * self.dtype_bytes  # the layer's output activations
             secs["communication"] = 2 * s.num_hidden_layers * p.allreduce_s(nbytes, tp)
-        secs["overhead"] = p.overhead_s + p.row_overhead_s * w.samples
+        secs["overhead"] = p.overhead_s + p.row_overhead_s * samples
         if self.encoder_gemms:
-            secs["encoder"] = sum(t.seconds(p) for t in self.encoder_terms(w))
-            if tp > 1 and w.encoder_tokens:
-                nbytes = w.encoder_tokens * s.hidden_size * self.dtype_bytes
+            secs["encoder"] = sum(t.seconds(p) for t in self._encoder_shape_terms(encoder_tokens))
+            if tp > 1 and encoder_tokens:
+                nbytes = encoder_tokens * s.hidden_size * self.dtype_bytes
                 secs["encoder"] += 2 * s.encoder_layers * p.allreduce_s(nbytes, tp)
         return secs
 

@@ -73,8 +73,9 @@ class SimStream(DeviceStream):
         self._free_at = 0.0
 
     def _submit(self, work: DeviceWork, pieces: list[Piece]) -> None:
-        """The pieces' real work (buffers, sampler), off the virtual clock; a failure goes to ``wait``."""
-        with self.clock.frozen(), torch.inference_mode():
+        """The pieces' work (the simulated decoder's numpy rule; no torch op), off the virtual clock; a
+        failure goes to ``wait``."""
+        with self.clock.frozen():
             self._run_pieces(work, pieces)
 
     def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None) -> DeviceWork:

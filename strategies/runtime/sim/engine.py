@@ -1,4 +1,6 @@
-"""The engine on the simulated device: real buffers, decoder state and sampler; a stand-in forward."""
+"""The engine on the simulated device: the host's real buffers, filled and "uploaded" as on any device; a
+device side that only prices the step (the cost model) and writes each row a token and finish code by a
+cheap rule (``sim/decoder.py``) — no forward, no sampler, no KV."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
 from strategies.runtime.device.stream import DeviceWork
-from strategies.runtime.engine import Engine
+from strategies.runtime.engine import MAX_STOP_IDS, Engine
 from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.request import Request
 from strategies.runtime.sim.cost import CostModel
+from strategies.runtime.sim.decoder import SimDecoder
 
 SIM_VOCAB = 512
 SAMPLE_FRACTION = 0.02  # share of a step's time shown as "sample" in the records
@@ -26,23 +30,6 @@ def proxy_config(spec: ModelConfig) -> ModelConfig:
                        max_position_embeddings=spec.max_position_embeddings, eos_token_id=2, **family)
 
 
-class SimModel(torch.nn.Module):
-    """Deterministic, cheap logits: a peak at a hash of (input token, position). No KV is kept."""
-
-    def step(self, tokens: torch.Tensor, block_table: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
-             ctx_pos0: list[int], num_ctx_tokens: int, gen_kmax: int, tokens_per_block: int,
-             sample_rows: torch.Tensor, last_token: torch.Tensor, k_pools: torch.Tensor, v_pools: torch.Tensor,
-             logits_out: torch.Tensor, cache_indirection: torch.Tensor, max_beam: int) -> None:
-        token_ids, positions = tokens[:, 0], tokens[:, 1]
-        if token_ids.size(0) > num_ctx_tokens:
-            token_ids[num_ctx_tokens:] = last_token[tokens[num_ctx_tokens:, 2]]
-        b = sample_rows.size(0)
-        peak = (token_ids[sample_rows] * 1103 + positions[sample_rows] * 2654435 + 12345) % logits_out.size(1)  # [B]
-        out = logits_out[:b]
-        out.zero_()
-        out.scatter_(1, peak.unsqueeze(1), 8.0)
-
-
 def _nothing() -> None:
     """The simulated encode piece: priced by the cost model, nothing to compute."""
 
@@ -52,7 +39,7 @@ class SimEngine(Engine):
                  **kwargs) -> None:
         self.cost_model = cost
         self.stages = stages  # pipeline stages the simulated device is split into
-        super().__init__(cfg, SimModel(), stream, **kwargs)
+        super().__init__(cfg, torch.nn.Module(), stream, **kwargs)
         if cfg.is_encoder_decoder:  # the host fills encoder buffers as on a real device; nothing computes them
             for bufs in self.buffer_sets:
                 bufs.encoder = EncoderBuffers(kwargs["max_tokens"], kwargs["max_batch"], kwargs["max_seq_len"],
@@ -61,6 +48,26 @@ class SimEngine(Engine):
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> None:
         return None  # nothing to store: the forward is not computed (blocks are still managed and counted)
+
+    def _decoder_state(self, num_slots: int, max_beam: int, max_seq_len: int) -> SimDecoder:  # type: ignore[override]
+        return SimDecoder(num_slots, MAX_STOP_IDS, self.cfg.vocab_size)
+
+    def _forward(self, iteration: int, bufs: BufferSet) -> None:
+        self._check_fault(iteration)
+        io = bufs.step
+        bufs.runtime.upload()  # as on a device (the simulated device's memory is the host's: no copies)
+        io.upload()
+        if io.num_admit:  # the simulated device's memory is the host's: its buffers' numpy views are its own
+            self.state.admit(io.admit.np[:io.num_admit])
+
+    def _sample(self, bufs: BufferSet) -> None:
+        io = bufs.step
+        self.state.step(io.slots.np[:io.num_rows], io.out.np[:io.num_rows])
+        io.download()
+
+    def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
+        """No beams were searched: each returned sequence is the one token per step the device wrote."""
+        return [[(r.output_token_ids, 0.0)] * r.sampling.num_return_sequences for r in requests]
 
     def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
                 cross_table: np.ndarray | None = None) -> None:

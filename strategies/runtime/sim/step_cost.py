@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from strategies.runtime.batch import BatchWork, ContextChunk, GenerationStep, ScheduledBatch
+from strategies.runtime.batch import BatchWork, ContextChunk, ScheduledBatch
 
 _ROW = SimpleNamespace(width=1, encoder_len=0)  # stands for a request: one row, no beams, no encoder
 
@@ -30,7 +30,8 @@ def parse_pieces(decodes: list[str], prefills: list[str]) -> BatchWork:
         batch.context.append(ContextChunk(_ROW, kv[0] if kv else 0, n, True))  # type: ignore[arg-type]
     for text in decodes:
         rows, *kv = _ints(text, "--decode", 2)
-        batch.generation += [GenerationStep(_ROW, kv[0] if kv else 0) for _ in range(rows)]  # type: ignore[arg-type]
+        for _ in range(rows):
+            batch.add_generation(_ROW, kv[0] if kv else 0)  # type: ignore[arg-type]
     if not batch:
         raise ValueError("step-cost: give at least one --decode B:KV or --prefill N[:KV]")
     return batch.work()
