@@ -8,6 +8,7 @@ Layout (all times are seconds since the run start on one monotonic clock)::
     OUT/<strategy>/requests.parquet    one row per request
     OUT/<strategy>/tokens.jsonl        tokens and their times per request
     OUT/<strategy>/iterations.parquet  one row per iteration
+    OUT/<strategy>/slots.parquet       one row per slot tenure (who held which request slot when)
     OUT/<strategy>/timeline.json       Chrome trace: host and device lanes
 
 The directory is assembled beside OUT and renamed into place at the end, so an existing OUT is never
@@ -36,7 +37,7 @@ from harness.errors import UserError
 from harness.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet, atomic_write_text
 from harness.metrics import engine_metrics, request_metrics
 from harness.options import RunOptions
-from harness.records import iterations_frame, requests_frame, tokens_jsonl
+from harness.records import iterations_frame, requests_frame, slots_frame, tokens_jsonl
 from harness.runner import StrategyRun, build_requests, run_strategy
 from harness.timeline import chrome_trace
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
@@ -253,6 +254,7 @@ def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
     tokens = {r.request_id: r.token_times_s for r in run.requests}
     atomic_write_parquet(d / "requests.parquet", req_df)
     atomic_write_parquet(d / "iterations.parquet", it_df)
+    atomic_write_parquet(d / "slots.parquet", slots_frame(run.tenures))
     atomic_write_bytes(d / "tokens.jsonl", tokens_jsonl(run.requests))
     atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name), indent=None)
     return summary_row(run, req_df, it_df, tokens, opts)

@@ -6,6 +6,10 @@
   tokens read from the prefix cache instead of computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where
   undefined).
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
+``slots.parquet`` (one row per slot tenure: a request's hold on a slot from admission to release):
+  request_id, slot, width (beams), start_iteration, decode_iteration (first step after the prefill; -1 if it
+  never ended), end_iteration (last step that computed it), end (finished | preempted | running): the
+  fields of ``strategies.runtime.buffers.slots.SlotTenure``.
 ``tokens.jsonl``: {"request_id", "tokens": [int], "times_s": [float]} per request. For a beam-search
 request ``tokens`` is the best finished sequence; with num_return_sequences > 1 a ``beams`` list holds
 each returned sequence as {"tokens", "score"} (score: HF's length-penalised log-probability), best first.
@@ -19,6 +23,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.iteration import ITERATION_COLUMNS, IterationRecord
 from strategies.runtime.request import Request
 
@@ -48,6 +53,15 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
 def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
     # column by column: dataclasses.asdict per record costs ~0.1 ms each (a second per 10^4 iterations)
     return pd.DataFrame({c: [getattr(r, c) for r in records] for c in ITERATION_COLUMNS}, columns=ITERATION_COLUMNS)
+
+
+SLOT_COLUMNS = ["request_id", "slot", "width", "start_iteration", "decode_iteration", "end_iteration", "end"]
+
+
+def slots_frame(tenures: list[SlotTenure]) -> pd.DataFrame:
+    df = pd.DataFrame({c: [getattr(t, c) for t in tenures] for c in SLOT_COLUMNS}, columns=SLOT_COLUMNS)
+    return df.astype({"request_id": "string", "end": "string", "slot": "int64", "width": "int64",
+                      "start_iteration": "int64", "decode_iteration": "int64", "end_iteration": "int64"})
 
 
 def tokens_jsonl(requests: list[Request]) -> bytes:

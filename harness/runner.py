@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -19,6 +19,7 @@ from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.interface import Executor, make_clock
 from strategies.registry import get_strategy
+from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.compute import compute_budget
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.models.config import ModelConfig
@@ -35,6 +36,7 @@ class StrategyRun:
     interrupted: bool = False  # stopped by SIGINT
     warmup_s: float = 0.0
     torch_threads: int = 0  # torch's intra-op threads while this strategy ran (warm-up included)
+    tenures: list[SlotTenure] = field(default_factory=list)  # who held which slot when (slots.parquet)
 
 
 def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_size: int, seed: int,
@@ -116,7 +118,8 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
             if not r.status.terminal:
                 r.end(Status.FAILED, error)
                 r.slot = None
-    return StrategyRun(cls.name, requests, strategy.records, wall, error, interrupted, warmup_s)
+    return StrategyRun(cls.name, requests, strategy.records, wall, error, interrupted, warmup_s,
+                       tenures=strategy.slot_tenures())
 
 
 def _cuda_profiler_range(first: int, last: int) -> Callable[[int], None]:

@@ -22,7 +22,7 @@ def _label(run: RunData, strategy: str, multi: bool) -> str:
     return f"{run.name} / {strategy}" if multi else strategy
 
 
-def _colors(runs: list[RunData]) -> dict[tuple[str, str], str]:
+def strategy_colors(runs: list[RunData]) -> dict[tuple[str, str], str]:
     keys = [(r.name, s) for r in runs for s in r.summary["strategy"]]
     return {k: PALETTE[i % len(PALETTE)] for i, k in enumerate(keys)}
 
@@ -55,7 +55,7 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def latency_cdfs(runs: list[RunData]) -> go.Figure:
     metrics = [("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", None), ("E2EL", "e2el_ms")]
     fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{m} CDF (ms)" for m, _ in metrics])
-    colors, multi = _colors(runs), len(runs) > 1
+    colors, multi = strategy_colors(runs), len(runs) > 1
     for run in runs:
         for strategy, req in run.requests.items():
             done = req[req["status"] == "finished"]
@@ -92,7 +92,7 @@ def over_time(runs: list[RunData]) -> go.Figure:
               ("KV blocks in use", "kv_blocks_used")]
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p for p, _ in panels],
                         vertical_spacing=0.05)
-    colors, multi = _colors(runs), len(runs) > 1
+    colors, multi = strategy_colors(runs), len(runs) > 1
     for run, strategy, it, t, t_max in _iterations(runs):
         tok = run.token_times.get(strategy, np.array([]))
         series = {"batch": (it["num_context_requests"] + it["num_generation_requests"]).to_numpy(float)}
@@ -112,7 +112,7 @@ def kv_cache(runs: list[RunData]) -> go.Figure:
     titles = ["KV blocks held by running requests", "KV blocks cached, free but reusable",
               "Prefix-cache hit rate (prompt tokens read from cache, requests by arrival)"]
     fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
-    colors, multi = _colors(runs), len(runs) > 1
+    colors, multi = strategy_colors(runs), len(runs) > 1
     for run, strategy, it, t, t_max in _iterations(runs):
         series = [_binned(t, it[c].to_numpy(float), t_max, "mean") if c in it else (np.array([]), np.array([]))
                   for c in ("kv_blocks_used", "kv_blocks_cached")]
@@ -148,6 +148,7 @@ def iteration_gantt(run: RunData) -> go.Figure:
     strategies = [s for s, it in run.iterations.items() if not it.empty]
     fig = make_subplots(rows=max(len(strategies), 1), cols=1, subplot_titles=strategies or ["(no iterations)"],
                         vertical_spacing=0.12)
+    span = 0.0  # the widest window: every panel shares its time scale, so strategies compare by eye
     phase_colors = {"schedule": "#ff7f0e", "prepare": "#bcbd22", "postprocess": "#9467bd",
                     "encode": "#2ca02c", "forward": "#1f77b4", "sample": "#17becf"}
     for row, strategy in enumerate(strategies, start=1):
@@ -168,8 +169,11 @@ def iteration_gantt(run: RunData) -> go.Figure:
                                  hovertemplate=f"{phase} iteration %{{customdata}}<br>%{{base:.3f}} ms"
                                                "+%{x:.3f} ms<extra></extra>"), row=row, col=1)
         _stage_lanes(fig, window, t0, row)
-        fig.update_xaxes(title_text="ms from window start", row=row, col=1)
-    fig.update_layout(title=f"Iteration timeline ({run.name}): host vs device lanes", barmode="overlay",
+        ends = window[[c for c in window if c.endswith("_end_s") and window[c].dtype.kind == "f"]]
+        span = max(span, (float(np.nanmax(ends.to_numpy(float))) - t0) * 1e3)
+    fig.update_xaxes(range=[0, span * 1.02])
+    fig.update_xaxes(title_text="ms from window start", row=max(len(strategies), 1), col=1)
+    fig.update_layout(title=f"Iteration timeline ({run.name}): host vs device lanes, one time scale", barmode="overlay",
                       height=max(300, 220 * len(strategies)))
     return fig
 

@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
-from reports import figures
+from reports import buffers, figures
 from reports.load import RunData, load_capacity, load_runs
 from reports.repeats import repeat_table
 from reports.tables import overlap_table, ratio_table, summary_table, to_html_table
@@ -78,6 +78,9 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
     figs += [("Latency", figures.latency_cdfs(runs)), ("Over time", figures.over_time(runs)),
              ("KV cache", figures.kv_cache(runs)), ("Padding", figures.padding(runs))]
     figs += [(f"Iteration timeline: {r.name}", figures.iteration_gantt(r)) for r in runs[:4]]
+    figs += [(f"Slot occupancy: {r.name}", buffers.slot_occupancy(r)) for r in runs[:4] if r.slots]
+    figs += [(f"Buffer sets: {r.name}", buffers.buffer_sets(r)) for r in runs[:4]]
+    figs.append(("Buffer fill", buffers.buffer_fill(runs, figures.strategy_colors(runs))))
     for i, (heading, fig) in enumerate(figs):
         parts.append(f"<h2>{html.escape(heading)}</h2>")
         parts.append(_figure_div(fig, f"fig{i}"))

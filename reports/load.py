@@ -1,7 +1,7 @@
 """Read run directories into the DataFrames the report is built from (documented columns only).
 
 A run directory holds ``summary.csv``, ``run.json`` and, per strategy, ``requests.parquet``,
-``iterations.parquet`` and ``tokens.jsonl`` (see the README's output contract). A suite directory
+``iterations.parquet``, ``slots.parquet`` and ``tokens.jsonl`` (see the README's output contract). A suite directory
 holds several run directories and a ``suite.json`` naming them with their swept parameters.
 """
 
@@ -24,6 +24,7 @@ class RunData:
     summary: pd.DataFrame
     requests: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → requests.parquet
     iterations: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → iterations.parquet
+    slots: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → slots.parquet (when recorded)
     itl_ms: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → pooled inter-token gaps
     token_times: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → every token's time
 
@@ -40,6 +41,8 @@ def load_run(path: Path, name: str | None = None) -> RunData:
             continue
         data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
         data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
+        if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
+            data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
         gaps, times = [], []
         finished = set(data.requests[strategy].query("status == 'finished'")["request_id"])
         with open(d / "tokens.jsonl", "rb") as f:

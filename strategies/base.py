@@ -20,7 +20,7 @@ from strategies.config import ExecutorConfig
 from strategies.interface import Executor, ExecutorStalled, RequestSource
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
-from strategies.runtime.buffers.slots import SlotManager
+from strategies.runtime.buffers.slots import SlotManager, SlotTenure
 from strategies.runtime.decoder.state import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.factory import make_stream
@@ -67,6 +67,8 @@ class Strategy(Executor):
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []  # admission order
         self._admissions = 0
+        self._scheduling = -1  # the iteration whose schedule runs now (admissions start their slot tenure there)
+        self._last_scheduled = -1  # the last iteration scheduled with work: a release's last computed step
         self._evictions_seen = 0
         self._last_launched: IterationRecord | None = None
         self._last_waited: IterationRecord | None = None
@@ -80,10 +82,14 @@ class Strategy(Executor):
         """Stop the device stream and drop the device's tensors (weights, KV pools, buffers), so that
         nothing of this executor stays on the card while the next one runs."""
         self.stream.close()
+        self.slots.close_open(self._last_scheduled)
         self.engine = None  # type: ignore[assignment]
 
     def inject_fault(self, iteration: int) -> None:
         self.engine.fault_at_iteration = iteration
+
+    def slot_tenures(self) -> list[SlotTenure]:
+        return self.slots.tenures
 
     def _local_engine(self, sizes: dict) -> tuple:
         """(stream, engine) of a device this process drives: the CPU worker or a CUDA stream."""
@@ -153,7 +159,7 @@ class Strategy(Executor):
     # --- slots and KV ---------------------------------------------------------------------------
     def _admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
         """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
-        slot = self.slots.acquire(r.request_id)
+        slot = self.slots.acquire(r.request_id, self._scheduling, r.width)
         r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block)
         self._admissions += 1
         self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
@@ -161,12 +167,13 @@ class Strategy(Executor):
             self.cross_kv.admit(slot, [], r.encoder_len)
         self.running.append(r)
 
-    def _release(self, r: Request) -> None:
+    def _release(self, r: Request, end: str = "finished") -> None:
+        """Give back ``r``'s slot and blocks; ``end`` (finished | preempted) closes its slot tenure."""
         if r.slot is not None:
             self.kv.release(r.slot, r)
             if self.cross_kv is not None:
                 self.cross_kv.release(r.slot, r)
-            self.slots.release(r.slot, r.request_id)
+            self.slots.release(r.slot, r.request_id, self._last_scheduled, end)
             r.slot = None
         if r in self.running:
             self.running.remove(r)
@@ -188,11 +195,15 @@ class Strategy(Executor):
         if self.iteration_hook is not None:
             self.iteration_hook(iteration)
         rec = IterationRecord(iteration)
+        self._scheduling = iteration
         with self._phase(rec, "schedule"):
             batch = self.schedule(iteration)
             if self.kv.prefix_caching:  # blocks this step fills become reusable for later steps
                 for r in self.running:
                     self.kv.commit(r.slot, r)
+            for c in batch.context:  # a prefill's last chunk: its slot decodes from the next step
+                if c.samples:
+                    self.slots.prefilled(c.request.slot, iteration)
         rec.num_context_requests = len(batch.context)
         rec.num_generation_requests = batch.num_generation_rows
         rec.num_beam_rows = batch.num_beam_rows
@@ -207,6 +218,7 @@ class Strategy(Executor):
         rec.preemptions = len(batch.preempted)
         if batch:
             self.records.append(rec)
+            self._last_scheduled = iteration
         return rec, batch
 
     def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
@@ -214,6 +226,7 @@ class Strategy(Executor):
             self.engine.prepare(batch, bufs, self.kv.tables, self.cross_kv.table if self.cross_kv else None)
         work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
+        rec.buffer_set = bufs.index
         rec.num_samples = bufs.runtime.num_samples
         rec.num_encoder_tokens = bufs.encoder.num_tokens if bufs.encoder is not None else 0
         w = bufs.work

@@ -15,6 +15,7 @@ from typing import ClassVar, Protocol
 import torch
 
 from strategies.config import ExecutorConfig
+from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.engine import MAX_STOP_IDS
 from strategies.runtime.iteration import IterationRecord
@@ -66,6 +67,10 @@ class Executor(ABC):
 
     def close(self) -> None:
         """Release threads and devices; safe to call after a failure."""
+
+    def slot_tenures(self) -> list[SlotTenure]:
+        """Who held which request slot from which step to which (an engine without slots: none)."""
+        return []
 
     def inject_fault(self, iteration: int) -> None:
         """Test hook: make the device step raise at ``iteration``."""

@@ -79,7 +79,12 @@ def test_report_renders_in_chromium(evil_run, tmp_path, chromium):
                 page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length > 0")
                 plots = page.locator(".js-plotly-plot")
                 n = plots.count()
-                assert n == 4 + num_runs  # latency, over time, KV cache, padding, an iteration timeline per run
+                # latency, over time, KV cache, padding, buffer fill; per run an iteration timeline, slot
+                # occupancy and buffer sets
+                assert n == 5 + 3 * num_runs
+                titles = " | ".join(plots.nth(i).locator(".gtitle").first.text_content() for i in range(n))
+                assert "Slot occupancy: which request holds each slot" in titles and "buffer set" in titles
+                assert "Buffer fill per iteration, against capacity" in titles
                 for i in range(n):
                     assert plots.nth(i).locator("svg.main-svg").count() >= 1, f"figure {i} has no SVG"
                 assert page.locator("table.data").count() == 3  # summary, host and device, ratios

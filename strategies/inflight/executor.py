@@ -33,6 +33,6 @@ class InflightStrategy(Strategy):
         return reason
 
     def _preempt(self, r: Request) -> None:
-        self._release(r)
+        self._release(r, "preempted")
         r.preempt()
         self.waiting.appendleft(r)

@@ -20,6 +20,9 @@ class IterationRecord:
     # Device phases, as the device stream timed them (encode: encoder–decoder models, steps that admit).
     encode_start_s: float = NAN
     encode_end_s: float = NAN
+    # The buffer set the step was prepared in and read back from (overlap alternates two; the pipeline
+    # has one per micro-batch; -1: a peer engine without buffer sets)
+    buffer_set: int = -1
     # Pipeline parallelism: this step's micro-batch (its buffer set), and each stage's compute
     micro_batch: int = -1
     stage_start_s: tuple[float, ...] = ()

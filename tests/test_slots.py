@@ -1,0 +1,137 @@
+"""The slot tenure book (slots.parquet) and the buffer set of each step (iterations.parquet's buffer_set),
+checked against what other parts of the runtime record independently: the active slots counted from the
+free list at each schedule, the generation rows the scheduler packed, each request's preemptions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from reports import buffers
+from reports.load import load_run
+from tests.util import cli
+
+# Preemption (max-utilization on a small pool) and chunked prefill; on the simulated device: the host code
+# under test is the real one, and a run takes seconds
+PREEMPTING = ["--device", "sim", "--model-spec", "tiny", "--num-prompts", "120", "--input-len", "40",
+              "--output-len", "40", "--max-batch-size", "16", "--max-seq-len", "128", "--capacity-policy",
+              "max-utilization", "--kv-blocks", "40", "--chunked-prefill", "--max-num-tokens", "64", "--warmup", "0",
+              "--no-progress"]
+BEAMS = ["--device", "sim", "--model-spec", "tiny", "--num-prompts", "60", "--input-len", "40", "--output-len", "30",
+         "--max-batch-size", "8", "--max-seq-len", "128", "--beam-width", "3", "--warmup", "0", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, object]:
+    root = tmp_path_factory.mktemp("slots")
+    out = {}
+    for name, args in (("preempting", [*PREEMPTING, "--strategies", "static,inflight,overlap,pipeline"]),
+                       ("beams", [*BEAMS, "--strategies", "static,inflight,overlap"]),
+                       ("cpu", ["--model", "tiny", "--strategies", "static,inflight,overlap", "--num-prompts", "24",
+                                "--input-len", "16", "--output-len", "12", "--max-batch-size", "6", "--warmup", "0",
+                                "--no-progress"])):
+        p = cli("run", *args, "--out", str(root / name))
+        assert p.returncode == 0, p.stderr
+        out[name] = load_run(root / name)
+    return out
+
+
+def _per_iteration(tenures: pd.DataFrame, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """From the tenures alone, per iteration: slots held, rows of slots past their prefill, slots in prefill."""
+    held, decoding, prefilling = np.zeros(n, int), np.zeros(n, int), np.zeros(n, int)
+    for t in tenures.itertuples():
+        decode = t.decode_iteration if t.decode_iteration >= 0 else t.end_iteration + 1
+        held[t.start_iteration: t.end_iteration + 1] += 1
+        decoding[decode: t.end_iteration + 1] += t.width
+        prefilling[t.start_iteration: min(decode, t.end_iteration + 1)] += 1
+    return held, decoding, prefilling
+
+
+@pytest.mark.parametrize("run_name", ["preempting", "beams", "cpu"])
+def test_tenures_agree_with_the_iteration_and_request_records(runs, run_name):
+    run = runs[run_name]
+    for strategy, t in run.slots.items():
+        it, req = run.iterations[strategy], run.requests[strategy].set_index("request_id")
+        assert len(t) and (t["end_iteration"] >= t["start_iteration"]).all(), strategy
+        for slot, g in t.sort_values("start_iteration").groupby("slot"):  # one holder at a time
+            assert (g["start_iteration"].to_numpy()[1:] > g["end_iteration"].to_numpy()[:-1]).all(), (strategy, slot)
+        held, decoding, prefilling = _per_iteration(t, int(it["iteration"].max()) + 1)
+        i = it["iteration"].to_numpy()
+        # the free list's count at each schedule equals the tenures covering that step
+        assert (held[i] == it["active_slots"].to_numpy()).all(), strategy
+        # every generation row is a slot past its prefill; every context chunk a slot in its prefill
+        assert (decoding[i] >= it["num_generation_requests"].to_numpy()).all(), strategy
+        assert (prefilling[i] >= it["num_context_requests"].to_numpy()).all(), strategy
+        if strategy == "inflight" or (strategy == "overlap" and run_name != "beams"):
+            # these compute every slot past its prefill at every step (overlap's beam requests keep their
+            # slot, idle, until their finish is read; static waits for its batch's prefills; the pipeline
+            # computes a slot in its micro-batch's steps only)
+            assert (decoding[i] == it["num_generation_requests"].to_numpy()).all(), strategy
+        per_request = t.groupby("request_id")
+        assert (per_request.size() == req["preemptions"].reindex(per_request.size().index) + 1).all(), strategy
+        assert (t["end"] == "preempted").sum() == req["preemptions"].sum(), strategy
+        last = per_request.last()
+        assert (last["end"] == "finished").all() and (last["slot"] == req.loc[last.index, "slot"]).all(), strategy
+    if run_name == "preempting":
+        assert run.requests["inflight"]["preemptions"].sum() > 0  # the case this run exists for
+    if run_name == "beams":
+        assert (run.slots["inflight"]["width"] == 3).all()
+
+
+@pytest.mark.parametrize("run_name", ["preempting", "cpu"])
+def test_a_buffer_set_holds_one_step_at_a_time(runs, run_name):
+    """Overlap alternates two sets, and never fills a set whose step's outputs are still unread."""
+    run = runs[run_name]
+    for strategy, it in run.iterations.items():
+        sets = sorted(it["buffer_set"].unique())
+        assert sets == ([0, 1] if strategy == "overlap" else [0] if strategy != "pipeline" else sets), strategy
+        for k, g in it.groupby("buffer_set"):
+            g = g.sort_values("prepare_start_s")
+            held_to = g["postprocess_end_s"].to_numpy()
+            assert (g["prepare_start_s"].to_numpy()[1:] >= held_to[:-1]).all(), (strategy, k)
+    ov = run.iterations["overlap"]
+    # and its two sets are in use at once: the next step is prepared before the last one's outputs are read
+    assert (ov["prepare_start_s"].to_numpy()[1:] < ov["postprocess_start_s"].to_numpy()[:-1]).mean() > 0.5
+
+
+def test_slot_figure_windows_long_runs_and_keeps_every_tenure_in_view(runs, monkeypatch):
+    run = runs["preempting"]
+    n = len(run.iterations["inflight"])
+    fig = buffers.slot_occupancy(run)
+    assert "Slot occupancy: which request holds each slot" in fig.layout.title.text
+    total = sum(len(tr.x) for tr in fig.data if tr.type == "bar" and tr.xaxis in ("x2",))  # the inflight panel
+    assert total >= len(run.slots["inflight"])  # each tenure drawn (prefill and decode parts)
+    monkeypatch.setattr(buffers, "SLOT_ITERATIONS", n // 4)
+    fig = buffers.slot_occupancy(run)
+    title = [a.text for a in fig.layout.annotations if a.text.startswith("inflight")][0]
+    assert "window" in title and f"of {n}" in title
+    a = n // 2 - n // 8
+    for tr in fig.data:
+        if tr.type == "bar" and tr.xaxis == "x2":
+            assert (np.asarray(tr.base) >= a - 0.5).all() and (np.asarray(tr.base) + np.asarray(tr.x)
+                                                               <= a + n // 4 + 0.5).all()
+
+
+def test_buffer_fill_averages_long_runs_and_says_so(runs, monkeypatch):
+    run = runs["preempting"]
+    monkeypatch.setattr(buffers, "FILL_POINTS", 50)
+    fig = buffers.buffer_fill([run], {})
+    assert "mean of each" in fig.layout.title.text
+    assert all(len(tr.x) <= 50 for tr in fig.data)
+    it = run.iterations["inflight"]
+    tokens = [tr for tr in fig.data if tr.name == "inflight" and tr.yaxis == "y"][0]
+    k = -(-len(it) // 50)
+    assert tokens.y[0] == pytest.approx(it["num_tokens"].iloc[:k].mean())  # a bin's mean, from the records
+
+
+@pytest.mark.parametrize("figure", ["iteration_gantt", "buffer_sets"])
+def test_timelines_of_strategies_share_one_time_scale(runs, figure):
+    """Each panel spans the same milliseconds, wide enough for the longest strategy's window."""
+    from reports import figures
+
+    fig = getattr(figures if figure == "iteration_gantt" else buffers, figure)(runs["cpu"])
+    axes = [fig.layout[k] for k in fig.layout if k.startswith("xaxis")]
+    assert len(axes) == 3 and len({tuple(a.range) for a in axes}) == 1
+    ends = [float(np.max(np.asarray(tr.base, float) + np.asarray(tr.x, float))) for tr in fig.data if len(tr.x)]
+    assert max(ends) <= axes[0].range[1] and max(ends) >= 0.9 * axes[0].range[1]
