@@ -36,8 +36,9 @@ from tqdm import tqdm
 from harness.errors import UserError
 from harness.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet, atomic_write_text
 from harness.metrics import engine_metrics, request_metrics
-from harness.options import RunOptions
+from harness.options import RunOptions, resolve_max_seq_len
 from harness.records import iterations_frame, requests_frame, slots_frame, tokens_jsonl
+from harness.rejections import rejection_note
 from harness.runner import StrategyRun, build_requests, run_strategy
 from harness.timeline import chrome_trace
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
@@ -56,6 +57,7 @@ class RunOutcome:
     out: Path
     summary: pd.DataFrame
     exit_code: int
+    notes: list[str] = dataclasses.field(default_factory=list)  # printed under the summary (rejections)
 
 
 def make_trace(opts: RunOptions) -> Trace:
@@ -195,6 +197,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     if trace.skipped:
         log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
     model_cfg, model = load_model(opts)
+    opts = resolve_max_seq_len(opts, model_cfg)
     _check_encoder_inputs(opts, model_cfg, trace)
     executor, sim_info = resolve_executor(opts)
     defaults = opts.sampling_defaults()
@@ -213,6 +216,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     staging.chmod(0o755)
     runs: list[StrategyRun] = []
     rows: list[dict] = []
+    notes: list[str] = []
     try:
         for name in opts.strategies:
             requests = build_requests(list(trace.requests), defaults, model_cfg.vocab_size, opts.seed,
@@ -227,6 +231,9 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
             bar.close()
             runs.append(run)
             rows.append(_write_strategy(staging, run, opts))
+            note = rejection_note(name, run.requests)
+            if note:
+                notes.append(note)
             if run.error:
                 log(f"error: {name} stopped early: {run.error}")
             if run.interrupted:
@@ -244,7 +251,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
                 log(f"error: report not written: {type(exc).__name__}: {exc}")
         _swap_into_place(staging, out)
     code = EXIT_INTERRUPTED if any(r.interrupted for r in runs) else EXIT_FAULT if any(r.error for r in runs) else 0
-    return RunOutcome(out, summary, code)
+    return RunOutcome(out, summary, code, notes)
 
 
 def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:

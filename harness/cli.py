@@ -117,6 +117,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return code
     outcome = execute(opts, out, force=args.force, progress=not args.no_progress, fault=fault)
     print_summary(outcome.summary)
+    for note in outcome.notes:
+        print(note)
     print(f"wrote {outcome.out}/ (report: {outcome.out / 'report.html'})")
     return outcome.exit_code
 

@@ -7,6 +7,7 @@ use are both derived from this table, so they cannot drift apart.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -17,6 +18,7 @@ from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 from strategies.runtime.buffers.memory import MEMORY_MODES
+from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import SamplingParams
 
 
@@ -70,9 +72,12 @@ class RunOptions:
     start_offset: float = _opt(0.0, "replay: skip requests before this many seconds")
     max_batch_size: int = _opt(32, "requests per iteration (and slots)")
     max_num_tokens: int = _opt(1024, "tokens per iteration (in-flight strategies)")
-    max_seq_len: int = _opt(512, "prompt + output per request")
+    max_seq_len: int | None = _opt(None, "prompt + output per request (default: the model's context length, "
+                                         "capped by what the KV pool holds: --kv-blocks x --tokens-per-block, or "
+                                         "on sim what the GPU's memory leaves for KV)")
     capacity_policy: str = _opt("guaranteed-no-evict", "KV admission policy", choices=CAPACITY_POLICIES)
-    chunked_prefill: bool = _opt(False, "split long prompts across iterations")
+    chunked_prefill: bool = _opt(True, "split long prompts across iterations, within --max-num-tokens (on by "
+                                       "default, as in vLLM's engine; static batching prefills a row whole)")
     kv_blocks: int | None = _opt(None, "KV cache blocks (default: every slot at max-seq-len)")
     tokens_per_block: int = _opt(16, "tokens per KV block")
     prefix_caching: bool = _opt(False, "reuse cached KV blocks of equal prefixes across requests")
@@ -89,9 +94,10 @@ class RunOptions:
     beam_width: int = _opt(1, "beams per request: deterministic beam search, HF's semantics (1: off; a trace "
                               "line's beam_width overrides)")
     length_penalty: float = _opt(1.0, "beam search: a finished beam scores log-prob / generated length ** this")
-    early_stopping: str = _opt("false", "beam search: stop a request once K beams finished (true), when HF's "
-                                        "heuristic says none can improve (false), or by the exact criterion (never)",
-                               choices=("false", "true", "never"))
+    early_stopping: str = _opt("false", "beam search: stop a request once K beams finished (true; the flag alone "
+                                        "means true, as HF's early_stopping=True), when HF's heuristic says none "
+                                        "can improve (false), or by the exact criterion (never)",
+                               choices=("false", "true", "never"), nargs="?", const="true")
     num_return_sequences: int = _opt(1, "beam search: best finished beams returned per request (<= beam width)")
     metric_percentiles: str = _opt("90,99", "percentiles reported for each latency metric")
     goodput: tuple[str, ...] | None = _opt(None, "SLOs as METRIC:MS (ttft, tpot, e2el)", nargs="+")
@@ -142,7 +148,9 @@ class RunOptions:
         parse_goodput(list(self.goodput) if self.goodput else None)
         if self.profile_iters is not None:
             self.profile_range()
-        self.executor_config()  # validates the executor limits
+        # validates the executor limits (an unresolved --max-seq-len by a stand-in: resolve_max_seq_len
+        # validates again with the value the run uses)
+        self.executor_config(self.max_seq_len or self.max_num_tokens)
 
     def sampling_defaults(self) -> SamplingParams:
         """Every request's sampling unless its trace line says otherwise."""
@@ -181,10 +189,13 @@ class RunOptions:
                          host_time=self.host_time, host_ms_per_iteration=self.host_ms_per_iteration,
                          host_us_per_request=self.host_us_per_request)
 
-    def executor_config(self) -> ExecutorConfig:
+    def executor_config(self, max_seq_len: int | None = None) -> ExecutorConfig:
+        max_seq_len = max_seq_len or self.max_seq_len
+        if max_seq_len is None:
+            raise ValueError("--max-seq-len is not resolved yet (harness.app.resolve_max_seq_len)")
         try:
             return ExecutorConfig(
-                max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=self.max_seq_len,
+                max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=max_seq_len,
                 capacity_policy=self.capacity_policy, chunked_prefill=self.chunked_prefill,
                 tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, prefix_caching=self.prefix_caching,
                 kv_watermark=self.kv_watermark, device=self.device, device_memory=self.device_memory,
@@ -226,6 +237,26 @@ class RunOptions:
             return cls(**values)
         except TypeError as exc:
             raise UserError(f"{where}: {exc}") from None
+
+
+def resolve_max_seq_len(opts: RunOptions, model_cfg: ModelConfig) -> RunOptions:
+    """``opts`` with --max-seq-len given: by default the model's context length (its config's
+    max_position_embeddings, or the simulated spec's), capped by what the KV pool can hold."""
+    if opts.max_seq_len is not None:
+        return opts
+    value = model_cfg.max_position_embeddings
+    pool = opts.kv_blocks * opts.tokens_per_block if opts.kv_blocks else None
+    if pool is None and opts.device == "sim":  # what the GPU's memory leaves for KV after the weights
+        from strategies.runtime.sim.build import cost_model
+
+        try:
+            cost = cost_model(opts.sim_config())
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+        pool = cost.kv_capacity_tokens() // (2 if cost.spec.is_encoder_decoder else 1)
+    if pool is not None:
+        value = min(value, max(pool, opts.tokens_per_block))
+    return dataclasses.replace(opts, max_seq_len=value)
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:

@@ -17,7 +17,7 @@ class ExecutorConfig:
     max_num_tokens: int = 1024  # tokens per iteration (in-flight strategies)
     max_seq_len: int = 512  # prompt + output per request; the KV cache's length per slot
     capacity_policy: str = "guaranteed-no-evict"
-    chunked_prefill: bool = False
+    chunked_prefill: bool = True  # a prompt over the token budget is split across steps (vLLM's engine: always)
     tokens_per_block: int = 16
     kv_blocks: int | None = None  # None: enough for every slot at max_seq_len
     prefix_caching: bool = False  # reuse full KV blocks by content hash across requests

@@ -161,13 +161,16 @@ def test_logits_stay_float32_whatever_the_model_dtype():
 
 
 def test_static_buffers_are_sized_by_the_token_budget_not_seq_len_times_batch():
+    """Static's step holds the token budget, or one whole row when a prompt is longer than the budget
+    (a padded row cannot be chunked): never a batch of rows at max_seq_len."""
     _, scripted = tiny_models()
-    cfg = ExecutorConfig(max_batch_size=64, max_seq_len=1024, max_num_tokens=256)
-    s = get_strategy("static")(TINY64, scripted, cfg)
-    try:
-        assert s.engine.buffer_sets[0].runtime.tokens.host.shape[0] == 256  # not 64 x 1024
-    finally:
-        s.close()
+    for max_seq_len, tokens in ((512, 512), (128, 256)):
+        cfg = ExecutorConfig(max_batch_size=64, max_seq_len=max_seq_len, max_num_tokens=256)
+        s = get_strategy("static")(TINY64, scripted, cfg)
+        try:
+            assert s.engine.buffer_sets[0].runtime.tokens.host.shape[0] == tokens  # not 64 x max_seq_len
+        finally:
+            s.close()
 
 
 def test_gpu_check_script_runs_in_split_memory():

@@ -104,7 +104,7 @@ def test_slot_figure_windows_long_runs_and_keeps_every_tenure_in_view(runs, monk
     assert total >= len(run.slots["inflight"])  # each tenure drawn (prefill and decode parts)
     monkeypatch.setattr(buffers, "SLOT_ITERATIONS", n // 4)
     fig = buffers.slot_occupancy(run)
-    title = [a.text for a in fig.layout.annotations if a.text.startswith("inflight")][0]
+    title = next(a.text for a in fig.layout.annotations if a.text.startswith("inflight"))
     assert "window" in title and f"of {n}" in title
     a = n // 2 - n // 8
     for tr in fig.data:
@@ -120,7 +120,7 @@ def test_buffer_fill_averages_long_runs_and_says_so(runs, monkeypatch):
     assert "mean of each" in fig.layout.title.text
     assert all(len(tr.x) <= 50 for tr in fig.data)
     it = run.iterations["inflight"]
-    tokens = [tr for tr in fig.data if tr.name == "inflight" and tr.yaxis == "y"][0]
+    tokens = next(tr for tr in fig.data if tr.name == "inflight" and tr.yaxis == "y")
     k = -(-len(it) // 50)
     assert tokens.y[0] == pytest.approx(it["num_tokens"].iloc[:k].mean())  # a bin's mean, from the records
 

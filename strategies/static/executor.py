@@ -1,8 +1,9 @@
 """Static batching: a batch is formed only when the executor is idle and runs until all of it is done.
 
 Prompts are padded to the longest in the batch and prefilled in forwards of at most ``max_num_tokens``
-tokens (whole rows each); then every row decodes together, and rows whose request has finished keep
-computing as padding until the last one is done (as FasterTransformer and ``generate`` do). Nothing is
+tokens (whole rows each; a row longer than that runs alone, whole: a padded row cannot be chunked); then
+every row decodes together, and rows whose request has finished keep computing as padding until the last
+one is done (as FasterTransformer and ``generate`` do). Nothing is
 admitted mid-batch. A row reserves the KV its padded prompt and the batch's decode steps really write,
 and slots and blocks are returned when the batch ends.
 """
@@ -27,12 +28,13 @@ class StaticStrategy(Strategy):
         self._encoder_tokens = 0  # the batch's encoder inputs, run in its first forward
 
     def max_tokens_per_step(self) -> int:
-        return max(self.config.max_num_tokens, self.config.max_batch_size)
+        # a prompt longer than the token budget prefills alone, whole: static batching cannot chunk a row
+        return max(self.config.max_num_tokens, self.config.max_batch_size, self.config.max_seq_len)
 
     def rejection(self, r: Request) -> str | None:
         reason = super().rejection(r)
         need = r.prompt_len + r.encoder_len  # the encoder input shares the first forward
-        if reason is None and need > self.config.max_num_tokens:
+        if reason is None and r.encoder_len and need > self.config.max_num_tokens:
             reason = (f"prompt ({need} tokens, encoder input included) exceeds max_num_tokens "
                       f"({self.config.max_num_tokens}): one forward")
         return reason
@@ -86,7 +88,7 @@ class StaticStrategy(Strategy):
         while self._to_prefill:
             r = self._to_prefill[0]
             n = self._longest - r.num_computed_tokens  # from the cached prefix to the padded end
-            if n > budget:
+            if n > budget and batch.context:  # over the budget: alone in a step of its own
                 break
             self._to_prefill.popleft()
             real = r.prompt_len - r.num_computed_tokens
