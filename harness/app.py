@@ -10,6 +10,8 @@ Layout (all times are seconds since the run start on one monotonic clock)::
     OUT/<strategy>/iterations.parquet  one row per iteration
     OUT/<strategy>/slots.parquet       one row per slot tenure (who held which request slot when)
     OUT/<strategy>/timeline.json       Chrome trace: host and device lanes
+    OUT/<strategy>/slices.csv          with --slice-duration: each time window's metrics
+    OUT/<strategy>/vllm_bench.json     the strategy's run as `vllm bench serve --save-result --save-detailed`
 
 The directory is assembled beside OUT and renamed into place at the end, so an existing OUT is never
 half-overwritten; every file inside is written atomically too.
@@ -34,13 +36,11 @@ import torch
 from tqdm import tqdm
 
 from harness.errors import UserError
-from harness.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet, atomic_write_text
-from harness.metrics import engine_metrics, request_metrics
 from harness.options import RunOptions, resolve_max_seq_len
-from harness.records import iterations_frame, requests_frame, slots_frame, tokens_jsonl
-from harness.rejections import rejection_note
+from harness.output.io import atomic_write_json, atomic_write_text
+from harness.output.rejections import rejection_note
+from harness.output.strategy_dir import write_strategy
 from harness.runner import StrategyRun, build_requests, run_strategy
-from harness.timeline import chrome_trace
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
@@ -66,7 +66,7 @@ def make_trace(opts: RunOptions) -> Trace:
                                 burstiness=opts.burstiness, length_dist=opts.length_dist,
                                 range_ratio=opts.range_ratio, output_range_ratio=opts.output_range_ratio,
                                 prefix_len=opts.prefix_len, num_prefixes=opts.num_prefixes, seed=opts.seed,
-                                encoder_input_len=opts.encoder_input_len)
+                                encoder_input_len=opts.encoder_input_len, ramp=opts.ramp())
     else:
         trace = load_trace(opts.trace, opts.trace_format)
     fit = Fit(start_offset_s=opts.start_offset, limit=opts.limit, time_scale=opts.time_scale,
@@ -159,15 +159,6 @@ def _swap_into_place(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: dict[str, list[float]],
-                opts: RunOptions) -> dict:
-    row = {"strategy": run.name, "status": "ok" if run.error is None else "stopped", "error": run.error or ""}
-    row.update(request_metrics(req_df, tokens, opts.percentiles, opts.goodput_slo))
-    row.update(engine_metrics(it_df, opts.max_batch_size))
-    row["wall_s"] = run.wall_s
-    return row
-
-
 def _check_encoder_inputs(opts: RunOptions, model_cfg: ModelConfig, trace: Trace) -> None:
     """An encoder–decoder model needs an encoder input on every request; a decoder-only one takes none."""
     with_encoder = sum(1 for t in trace.requests if t.encoder_tokens)
@@ -230,7 +221,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
                                profile_iters=opts.profile_range())
             bar.close()
             runs.append(run)
-            rows.append(_write_strategy(staging, run, opts))
+            rows.append(write_strategy(staging, run, opts))
             note = rejection_note(name, run.requests)
             if note:
                 notes.append(note)
@@ -252,19 +243,6 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
         _swap_into_place(staging, out)
     code = EXIT_INTERRUPTED if any(r.interrupted for r in runs) else EXIT_FAULT if any(r.error for r in runs) else 0
     return RunOutcome(out, summary, code, notes)
-
-
-def _write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
-    d = staging / run.name
-    req_df = requests_frame(run.requests)
-    it_df = iterations_frame(run.records)
-    tokens = {r.request_id: r.token_times_s for r in run.requests}
-    atomic_write_parquet(d / "requests.parquet", req_df)
-    atomic_write_parquet(d / "iterations.parquet", it_df)
-    atomic_write_parquet(d / "slots.parquet", slots_frame(run.tenures))
-    atomic_write_bytes(d / "tokens.jsonl", tokens_jsonl(run.requests))
-    atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name), indent=None)
-    return summary_row(run, req_df, it_df, tokens, opts)
 
 
 def _write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, sim_info: dict | None, trace: Trace,

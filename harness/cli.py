@@ -13,12 +13,13 @@ import os
 import signal
 import sys
 import time
+from dataclasses import fields
 from pathlib import Path
 
 import pandas as pd
 
 from harness.errors import UserError
-from harness.options import add_run_arguments, options_from_args
+from harness.options import RunOptions
 
 SUMMARY_COLUMNS = ["run", "strategy", "completed", "rejected", "failed", "duration_s", "request_throughput",
                    "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
@@ -29,6 +30,30 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage + error)
         print(f"slotbench: error: {message} (see --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    for f in fields(RunOptions):
+        flag = "--" + f.name.replace("_", "-")
+        meta = dict(f.metadata)
+        help_ = meta.pop("help")
+        if f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=f"{help_} (default: {f.default})")
+        elif f.name == "strategies":
+            parser.add_argument(flag, default=",".join(f.default), help=help_)
+        else:
+            kind = str(f.type)
+            conv = float if kind.startswith("float") else int if kind.startswith("int") else str
+            parser.add_argument(flag, type=conv, default=f.default, help=f"{help_} (default: {f.default})", **meta)
+
+
+def options_from_args(args: argparse.Namespace) -> RunOptions:
+    values = {k: getattr(args, k) for k in RunOptions.option_names()}
+    values["strategies"] = tuple(s.strip() for s in values["strategies"].split(",") if s.strip())
+    if values["goodput"] is not None:
+        values["goodput"] = tuple(values["goodput"])
+    return RunOptions(**values)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--resume", action="store_true", help="keep OUT and skip the runs already complete in it")
     suite.add_argument("--repeats", type=int, default=None, help="override the file's repeats")
     rep = sub.add_parser("report", help="one HTML report from run or suite directories")
-    rep.add_argument("dirs", nargs="+", help="run or suite directories")
+    rep.add_argument("dirs", nargs="+", help="run or suite directories, or `vllm bench serve --save-result` files")
     rep.add_argument("--out", default="report.html")
     rep.add_argument("--baseline", default=None, help="strategy the ratios are taken against")
     cal = sub.add_parser("calibrate", help="fit a simulated-device profile to a real run's iterations, or to "
@@ -143,9 +168,14 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
     paths = [Path(d) for d in args.dirs]
     for p in paths:
-        if not (p / "summary.csv").is_file() and not (p / "suite.json").is_file():
-            raise UserError(f"{p}: not a run or suite directory (no summary.csv or suite.json)")
-    out = write_report(paths, Path(args.out), baseline=args.baseline)
+        if not (p / "summary.csv").is_file() and not (p / "suite.json").is_file() and not (
+                p.is_file() and p.suffix == ".json"):
+            raise UserError(f"{p}: not a run or suite directory (no summary.csv or suite.json), nor a "
+                            "`vllm bench serve --save-result` file (.json)")
+    try:
+        out = write_report(paths, Path(args.out), baseline=args.baseline)
+    except ValueError as exc:  # a file that is not what it claims to be
+        raise UserError(str(exc)) from None
     print(f"wrote {out}")
     return 0
 

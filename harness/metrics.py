@@ -50,7 +50,7 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
     return slo
 
 
-def _pname(p: float) -> str:
+def percentile_name(p: float) -> str:
     return f"{p:g}".replace(".", "_")
 
 
@@ -61,7 +61,7 @@ def _stats(name: str, values_ms: np.ndarray, percentiles: tuple[float, ...]) -> 
     out[f"median_{name}_ms"] = float("nan") if empty else float(np.median(values_ms))
     out[f"std_{name}_ms"] = float("nan") if empty else float(np.std(values_ms))
     for p in percentiles:
-        out[f"p{_pname(p)}_{name}_ms"] = float("nan") if empty else float(np.percentile(values_ms, p))
+        out[f"p{percentile_name(p)}_{name}_ms"] = float("nan") if empty else float(np.percentile(values_ms, p))
     return out
 
 

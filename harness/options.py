@@ -6,7 +6,6 @@ use are both derived from this table, so they cannot drift apart.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import math
 import re
@@ -16,6 +15,7 @@ from typing import Any
 from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
+from harness.traces.synthetic import RAMP_STRATEGIES, ramp_rates
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 from strategies.runtime.buffers.memory import MEMORY_MODES
 from strategies.runtime.models.config import ModelConfig
@@ -52,6 +52,11 @@ class RunOptions:
     num_prompts: int = _opt(200, "synthetic: number of requests")
     request_rate: float = _opt(math.inf, "synthetic: requests/s (inf: all at t=0)")
     burstiness: float = _opt(1.0, "synthetic: gamma shape of inter-arrivals (1.0 = Poisson)")
+    ramp_up_strategy: str | None = _opt(None, "synthetic: request rate ramps from --ramp-up-start-rps to "
+                                              "--ramp-up-end-rps over the run (vllm bench serve's; instead of "
+                                              "--request-rate)", choices=RAMP_STRATEGIES)
+    ramp_up_start_rps: float | None = _opt(None, "synthetic: the ramp's first rate (req/s)")
+    ramp_up_end_rps: float | None = _opt(None, "synthetic: the ramp's last rate (req/s)")
     max_concurrency: int | None = _opt(None, "at most this many requests in flight (closed loop with rate inf)")
     input_len: int = _opt(128, "synthetic: mean input length (an encoder–decoder model's decoder prompt)")
     encoder_input_len: int = _opt(0, "synthetic: mean encoder input length, with --input-len's range options "
@@ -101,6 +106,8 @@ class RunOptions:
     num_return_sequences: int = _opt(1, "beam search: best finished beams returned per request (<= beam width)")
     metric_percentiles: str = _opt("90,99", "percentiles reported for each latency metric")
     goodput: tuple[str, ...] | None = _opt(None, "SLOs as METRIC:MS (ttft, tpot, e2el)", nargs="+")
+    slice_duration: float | None = _opt(None, "seconds per time slice: <strategy>/slices.csv holds each window's "
+                                              "throughput, latency percentiles and requests in flight (AIPerf's)")
     warmup: int = _opt(8, "warm-up requests per strategy (not measured)")
     device_threads: int = _opt(1, "CPU: torch threads of the device worker, and of a peer engine; 0: every CPU")
     cpu_device: str = _opt("process", "CPU: the device as a process of its own (it shares no interpreter lock with "
@@ -133,10 +140,13 @@ class RunOptions:
         for name in ("num_prompts", "input_len", "output_len", "num_prefixes"):
             if getattr(self, name) <= 0:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        self.ramp()
         if self.encoder_input_len < 0:
             raise UserError(f"--encoder-input-len must be >= 0, got {self.encoder_input_len}")
         if self.prefix_len < 0:
             raise UserError(f"--prefix-len must be >= 0, got {self.prefix_len}")
+        if self.slice_duration is not None and not self.slice_duration > 0:
+            raise UserError(f"--slice-duration must be positive, got {self.slice_duration}")
         if self.warmup < 0:
             raise UserError("--warmup must be >= 0")
         if self.seed < 0:
@@ -162,6 +172,19 @@ class RunOptions:
                                   num_return_sequences=self.num_return_sequences)
         except ValueError as exc:
             raise UserError(f"sampling options: {exc}") from None
+
+    def ramp(self) -> tuple[str, float, float] | None:
+        """(strategy, start rps, end rps) of a request-rate ramp, validated; None without one."""
+        given = [x is not None for x in (self.ramp_up_strategy, self.ramp_up_start_rps, self.ramp_up_end_rps)]
+        if not any(given):
+            return None
+        if not all(given):
+            raise UserError("a ramp needs --ramp-up-strategy, --ramp-up-start-rps and --ramp-up-end-rps together")
+        if not math.isinf(self.request_rate):
+            raise UserError("--ramp-up-strategy: the ramp sets the request rate; leave --request-rate out")
+        ramp = (str(self.ramp_up_strategy), float(self.ramp_up_start_rps), float(self.ramp_up_end_rps))
+        ramp_rates(2, *ramp)  # validates
+        return ramp
 
     @property
     def percentiles(self) -> tuple[float, ...]:
@@ -257,27 +280,3 @@ def resolve_max_seq_len(opts: RunOptions, model_cfg: ModelConfig) -> RunOptions:
     if pool is not None:
         value = min(value, max(pool, opts.tokens_per_block))
     return dataclasses.replace(opts, max_seq_len=value)
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    for f in fields(RunOptions):
-        flag = "--" + f.name.replace("_", "-")
-        meta = dict(f.metadata)
-        help_ = meta.pop("help")
-        if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f"{help_} (default: {f.default})")
-        elif f.name == "strategies":
-            parser.add_argument(flag, default=",".join(f.default), help=help_)
-        else:
-            kind = str(f.type)
-            conv = float if kind.startswith("float") else int if kind.startswith("int") else str
-            parser.add_argument(flag, type=conv, default=f.default, help=f"{help_} (default: {f.default})", **meta)
-
-
-def options_from_args(args: argparse.Namespace) -> RunOptions:
-    values = {k: getattr(args, k) for k in RunOptions.option_names()}
-    values["strategies"] = tuple(s.strip() for s in values["strategies"].split(",") if s.strip())
-    if values["goodput"] is not None:
-        values["goodput"] = tuple(values["goodput"])
-    return RunOptions(**values)

@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.load import RunData
+from reports.run_data import RunData
 
 SLOT_ITERATIONS = 2000  # slot occupancy: at most this many iterations (a window from the run's middle)
 SET_ITERATIONS = 24  # buffer sets: a window of this many steps, as the iteration timeline shows

@@ -10,7 +10,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from reports.load import RunData
+from reports.run_data import RunData
 
 CDF_POINTS = 200
 TIME_BINS = 100

@@ -13,8 +13,9 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import buffers, figures
-from reports.load import RunData, load_capacity, load_runs
+from reports.load import load_capacity, load_runs
 from reports.repeats import repeat_table
+from reports.run_data import RunData
 from reports.tables import overlap_table, ratio_table, summary_table, to_html_table
 
 REPEAT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
@@ -77,9 +78,10 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
         figs.append(("Sweep", sweep))
     figs += [("Latency", figures.latency_cdfs(runs)), ("Over time", figures.over_time(runs)),
              ("KV cache", figures.kv_cache(runs)), ("Padding", figures.padding(runs))]
-    figs += [(f"Iteration timeline: {r.name}", figures.iteration_gantt(r)) for r in runs[:4]]
-    figs += [(f"Slot occupancy: {r.name}", buffers.slot_occupancy(r)) for r in runs[:4] if r.slots]
-    figs += [(f"Buffer sets: {r.name}", buffers.buffer_sets(r)) for r in runs[:4]]
+    engines = [r for r in runs if any(not it.empty for it in r.iterations.values())][:4]  # a vLLM file has none
+    figs += [(f"Iteration timeline: {r.name}", figures.iteration_gantt(r)) for r in engines]
+    figs += [(f"Slot occupancy: {r.name}", buffers.slot_occupancy(r)) for r in engines if r.slots]
+    figs += [(f"Buffer sets: {r.name}", buffers.buffer_sets(r)) for r in engines]
     figs.append(("Buffer fill", buffers.buffer_fill(runs, figures.strategy_colors(runs))))
     for i, (heading, fig) in enumerate(figs):
         parts.append(f"<h2>{html.escape(heading)}</h2>")

@@ -1,32 +1,22 @@
 """Read run directories into the DataFrames the report is built from (documented columns only).
 
 A run directory holds ``summary.csv``, ``run.json`` and, per strategy, ``requests.parquet``,
-``iterations.parquet``, ``slots.parquet`` and ``tokens.jsonl`` (see the README's output contract). A suite directory
-holds several run directories and a ``suite.json`` naming them with their swept parameters.
+``iterations.parquet``, ``slots.parquet`` and ``tokens.jsonl`` (see the README's output contract). A
+suite directory holds several run directories and a ``suite.json`` naming them with their swept
+parameters. A ``.json`` file is a ``vllm bench serve --save-result`` file (``reports/vllm_result.py``).
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import orjson
 import pandas as pd
 
-
-@dataclass
-class RunData:
-    name: str  # label shown in the report
-    path: Path
-    meta: dict
-    summary: pd.DataFrame
-    requests: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → requests.parquet
-    iterations: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → iterations.parquet
-    slots: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → slots.parquet (when recorded)
-    itl_ms: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → pooled inter-token gaps
-    token_times: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → every token's time
+from reports.run_data import RunData
+from reports.vllm_result import is_vllm_result, load_vllm_result
 
 
 def load_run(path: Path, name: str | None = None) -> RunData:
@@ -58,11 +48,13 @@ def load_run(path: Path, name: str | None = None) -> RunData:
 
 
 def load_runs(paths: list[Path], names: list[str] | None = None) -> list[RunData]:
-    """Run directories, or suite directories (expanded into their runs)."""
+    """Run directories, suite directories (expanded into their runs), or vLLM result files."""
     runs: list[RunData] = []
     for i, p in enumerate(paths):
         suite = p / "suite.json"
-        if suite.is_file():
+        if is_vllm_result(p):  # a `vllm bench serve --save-result` file: a real server's run
+            runs.append(load_vllm_result(p, names[i] if names and i < len(names) else None))
+        elif suite.is_file():
             for entry in json.loads(suite.read_text())["runs"]:
                 if entry.get("dir") is None:  # failed or not run: listed in suite.json, nothing to show
                     continue

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from harness.metrics import request_metrics
-from harness.records import read_tokens
+from harness.output.records import read_tokens
 from tests.util import wait_for_progress
 
 pytestmark = pytest.mark.xdist_group("cli")  # one worker: its module fixture is built once

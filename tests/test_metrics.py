@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from harness.metrics import engine_metrics, host_hidden_fraction
-from harness.records import iterations_frame
+from harness.output.records import iterations_frame
 from strategies.config import ExecutorConfig
 from strategies.runtime.request import SamplingParams
 from tests.util import TINY64, make_requests, run_strategy, tiny_models

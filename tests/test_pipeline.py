@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.metrics import pipeline_bubble_fraction
-from harness.records import iterations_frame
+from harness.output.records import iterations_frame
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.pipeline.messages import DIE, HANG

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from harness.metrics import request_metrics
-from harness.records import requests_frame
+from harness.output.records import requests_frame
 from harness.runner import build_requests, run_strategy
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig

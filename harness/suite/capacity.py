@@ -32,9 +32,9 @@ from pathlib import Path
 import pandas as pd
 
 from harness.errors import UserError
-from harness.io import atomic_write_text
 from harness.metrics import parse_goodput
 from harness.options import RunOptions
+from harness.output.io import atomic_write_text
 from harness.suite.execute import assemble, run_many
 from harness.suite.on_ray import ray_session
 from harness.suite.spec import SuiteRun, complete

@@ -8,7 +8,7 @@ import pandas as pd
 
 from harness.app import EXIT_FAULT, EXIT_INTERRUPTED, execute
 from harness.errors import UserError
-from harness.io import atomic_write_json, atomic_write_text
+from harness.output.io import atomic_write_json, atomic_write_text
 from harness.suite.spec import RunResult, SuiteRun, complete, open_out
 
 

@@ -1,7 +1,9 @@
 """Synthetic traces: seeded arrivals and lengths, as vLLM's random dataset and request-rate options.
 
 Arrivals: ``request_rate`` requests/s with gamma inter-arrival times of shape ``burstiness`` (1.0 is
-Poisson; smaller is burstier), or all at t=0 when the rate is infinite. Lengths around a mean L:
+Poisson; smaller is burstier), or all at t=0 when the rate is infinite. A ramp (``vllm bench serve
+--ramp-up-strategy``) draws request i's gap at the rate it reaches at progress i / (n - 1) from its start
+to its end rate: linearly, or geometrically (exponential). Lengths around a mean L:
 fixed; uniform in [L(1-r), L(1+r)] (vLLM's range ratio r); normal with std rL; lognormal with
 sigma r; zipf with exponent ``zipf_a`` scaled so the median is about L. Prompts are random ids, after
 an optional shared prefix.
@@ -18,16 +20,38 @@ from harness.errors import UserError
 from harness.traces.trace import Trace, TraceRequest
 
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "zipf")
+RAMP_STRATEGIES = ("linear", "exponential")
 
 
-def arrival_times(n: int, request_rate: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
-    if not request_rate > 0:
-        raise UserError(f"--request-rate must be positive (or inf), got {request_rate}")
+def ramp_rates(n: int, strategy: str, start_rps: float, end_rps: float) -> np.ndarray:
+    """Each request's rate on a ramp from ``start_rps`` to ``end_rps`` (vLLM's: progress i / (n - 1))."""
+    if strategy not in RAMP_STRATEGIES:
+        raise UserError(f"--ramp-up-strategy {strategy!r}: expected one of {', '.join(RAMP_STRATEGIES)}")
+    if not 0 <= start_rps <= end_rps or end_rps == 0 or math.isinf(end_rps):
+        raise UserError(f"--ramp-up-start-rps {start_rps} and --ramp-up-end-rps {end_rps}: need 0 <= start <= end, "
+                        "end finite and positive")
+    if strategy == "exponential" and start_rps == 0:
+        raise UserError("--ramp-up-strategy exponential: --ramp-up-start-rps must be positive")
+    progress = np.arange(n) / max(n - 1, 1)
+    if strategy == "linear":
+        return start_rps + (end_rps - start_rps) * progress
+    return start_rps * (end_rps / start_rps) ** progress
+
+
+def arrival_times(n: int, request_rate: float | np.ndarray, burstiness: float,
+                  rng: np.random.Generator) -> np.ndarray:
+    """Arrivals at ``request_rate`` (one rate, or one per request: a ramp); the first at t=0."""
     if not burstiness > 0:
         raise UserError(f"--burstiness must be positive, got {burstiness}")
-    if math.isinf(request_rate):
-        return np.zeros(n)
-    gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
+    if np.ndim(request_rate):  # a ramp: request i's gap drawn at its own rate (the first is not drawn)
+        rates = np.maximum(np.asarray(request_rate, dtype=float), 1e-300)
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (rates * burstiness))
+    else:
+        if not request_rate > 0:
+            raise UserError(f"--request-rate must be positive (or inf), got {request_rate}")
+        if math.isinf(request_rate):
+            return np.zeros(n)
+        gaps = rng.gamma(shape=burstiness, scale=1.0 / (request_rate * burstiness), size=n)
     gaps[0] = 0.0
     return np.cumsum(gaps)
 
@@ -56,15 +80,18 @@ def lengths(n: int, mean: int, dist: str, ratio: float, rng: np.random.Generator
 def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, request_rate: float = math.inf,
                     burstiness: float = 1.0, length_dist: str = "uniform", range_ratio: float = 0.0,
                     output_range_ratio: float | None = None, prefix_len: int = 0, num_prefixes: int = 1,
-                    seed: int = 0, encoder_input_len: int = 0) -> Trace:
+                    seed: int = 0, encoder_input_len: int = 0,
+                    ramp: tuple[str, float, float] | None = None) -> Trace:
     """``prefix_len`` > 0 opens every prompt with one of ``num_prefixes`` shared prefixes (drawn per
     request) before its ``input_len`` random tokens, as ``vllm bench serve --random-prefix-len`` and
     SGLang's generated-shared-prefix dataset do. ``encoder_input_len`` > 0 gives every request an encoder
-    input of that mean length (an encoder–decoder model's), drawn like the input lengths."""
+    input of that mean length (an encoder–decoder model's), drawn like the input lengths. ``ramp`` =
+    (strategy, start rps, end rps) replaces ``request_rate`` with a ramp."""
     if num_prompts <= 0:
         raise UserError(f"--num-prompts must be positive, got {num_prompts}")
     rng = np.random.default_rng(seed)
-    t = arrival_times(num_prompts, request_rate, burstiness, rng)
+    rate = request_rate if ramp is None else ramp_rates(num_prompts, *ramp)
+    t = arrival_times(num_prompts, rate, burstiness, rng)
     n_in = lengths(num_prompts, input_len, length_dist, range_ratio, rng)
     n_out = lengths(num_prompts, output_len, length_dist,
                     range_ratio if output_range_ratio is None else output_range_ratio, rng)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from harness.metrics import pipeline_bubble_fraction
-from harness.records import iterations_frame
+from harness.output.records import iterations_frame
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.engine import script_model

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from harness.app import load_model, make_trace, resolve_executor
-from harness.options import RunOptions
+from harness.options import RunOptions, resolve_max_seq_len
 from harness.runner import build_requests, run_strategy
 from strategies.runtime.request import SamplingParams
 
@@ -30,7 +30,7 @@ def test_simulated_iterations_per_second(benchmark, case):
     opts, max_s_per_iteration = CASES[case]
     trace = make_trace(opts)
     model_cfg, model = load_model(opts)
-    executor, _ = resolve_executor(opts)
+    executor, _ = resolve_executor(resolve_max_seq_len(opts, model_cfg))
 
     def run():
         reqs = build_requests(list(trace.requests), SamplingParams(ignore_eos=opts.ignore_eos), model_cfg.vocab_size, 0)

@@ -1,0 +1,48 @@
+"""One strategy's directory in a run: its records, Chrome trace, time slices and vLLM result file, and
+its row of the run's summary."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pandas as pd
+
+from harness.metrics import engine_metrics, request_metrics
+from harness.options import RunOptions
+from harness.output.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet, atomic_write_text
+from harness.output.records import iterations_frame, requests_frame, slots_frame, tokens_jsonl
+from harness.output.slices import slices_frame
+from harness.output.timeline import chrome_trace
+from harness.output.vllm_bench import vllm_result
+from harness.runner import StrategyRun
+
+
+def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: dict[str, list[float]],
+                opts: RunOptions) -> dict:
+    row = {"strategy": run.name, "status": "ok" if run.error is None else "stopped", "error": run.error or ""}
+    row.update(request_metrics(req_df, tokens, opts.percentiles, opts.goodput_slo))
+    row.update(engine_metrics(it_df, opts.max_batch_size))
+    row["wall_s"] = run.wall_s
+    return row
+
+
+def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
+    """Write ``run``'s files into ``staging/<strategy>/``; its summary row."""
+    d = staging / run.name
+    req_df = requests_frame(run.requests)
+    it_df = iterations_frame(run.records)
+    tokens = {r.request_id: r.token_times_s for r in run.requests}
+    atomic_write_parquet(d / "requests.parquet", req_df)
+    atomic_write_parquet(d / "iterations.parquet", it_df)
+    atomic_write_parquet(d / "slots.parquet", slots_frame(run.tenures))
+    atomic_write_bytes(d / "tokens.jsonl", tokens_jsonl(run.requests))
+    atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name), indent=None)
+    if opts.slice_duration:
+        slices = slices_frame(req_df, tokens, opts.slice_duration, tuple(dict.fromkeys((50, *opts.percentiles))))
+        atomic_write_text(d / "slices.csv", slices.to_csv(index=False))
+    row = summary_row(run, req_df, it_df, tokens, opts)
+    model = opts.model_spec if opts.device == "sim" else opts.model
+    result = vllm_result(run.name, model, req_df, tokens, row, dataclasses.asdict(opts))
+    atomic_write_json(d / "vllm_bench.json", result, indent=None)
+    return row

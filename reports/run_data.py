@@ -1,0 +1,22 @@
+"""What the report knows of one run: its summary and, per strategy, the documented DataFrames."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+
+@dataclass
+class RunData:
+    name: str  # label shown in the report
+    path: Path
+    meta: dict
+    summary: pd.DataFrame
+    requests: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → requests.parquet
+    iterations: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → iterations.parquet
+    slots: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → slots.parquet (when recorded)
+    itl_ms: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → pooled inter-token gaps
+    token_times: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → every token's time
