@@ -215,7 +215,7 @@ class RunOptions:
     def executor_config(self, max_seq_len: int | None = None) -> ExecutorConfig:
         max_seq_len = max_seq_len or self.max_seq_len
         if max_seq_len is None:
-            raise ValueError("--max-seq-len is not resolved yet (harness.app.resolve_max_seq_len)")
+            raise ValueError("--max-seq-len is not resolved yet (harness.options.resolve_max_seq_len)")
         try:
             return ExecutorConfig(
                 max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=max_seq_len,
