@@ -9,22 +9,14 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from reports.figures import GANTT_ITERATIONS, middle_window
 from reports.run_data import RunData
 
 SLOT_ITERATIONS = 2000  # slot occupancy: at most this many iterations (a window from the run's middle)
-SET_ITERATIONS = 24  # buffer sets: a window of this many steps, as the iteration timeline shows
 FILL_POINTS = 2000  # buffer fill: past this many iterations, the mean of each bin of iterations
 # Requests take these colours in turn (a slot's successive requests differ); phases differ by pattern
 REQUEST_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                   "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
-
-
-def _window(n: int, size: int) -> tuple[int, int]:
-    """[a, b) of ``size`` positions from the middle of ``n`` (all of them when n <= size)."""
-    if n <= size:
-        return 0, n
-    a = n // 2 - size // 2
-    return a, a + size
 
 
 def _strategies_with(run: RunData, frames: dict[str, pd.DataFrame]) -> list[str]:
@@ -37,7 +29,7 @@ def slot_occupancy(run: RunData) -> go.Figure:
     titles = []
     for s in strategies:
         n = len(run.iterations.get(s, ()))
-        a, b = _window(n, SLOT_ITERATIONS)
+        a, b = middle_window(n, SLOT_ITERATIONS)
         titles.append(s if (a, b) == (0, n) else f"{s}: iterations {a}–{b - 1} of {n} (a window from the middle)")
     fig = make_subplots(rows=max(len(strategies), 1), cols=1, subplot_titles=titles or ["(no slot records)"],
                         vertical_spacing=0.1)
@@ -45,7 +37,7 @@ def slot_occupancy(run: RunData) -> go.Figure:
     for row, s in enumerate(strategies, start=1):
         t = run.slots[s]
         n = len(run.iterations.get(s, ()))
-        a, b = _window(n, SLOT_ITERATIONS)
+        a, b = middle_window(n, SLOT_ITERATIONS)
         t = t[(t["end_iteration"] >= a) & (t["start_iteration"] < b) & (t["end_iteration"] >= t["start_iteration"])]
         color = np.array(REQUEST_COLORS)[np.arange(len(t)) % len(REQUEST_COLORS)]  # tenures in admission order
         decode_from = t["decode_iteration"].where(t["decode_iteration"] >= 0, t["end_iteration"] + 1)
@@ -95,7 +87,7 @@ def buffer_sets(run: RunData) -> go.Figure:
     windows, span = {}, 0.0
     for s in strategies:
         it = run.iterations[s]
-        a, b = _window(len(it), SET_ITERATIONS)
+        a, b = middle_window(len(it), GANTT_ITERATIONS)  # the iteration timeline's steps
         w = it.iloc[a:b]
         t0 = float(w["prepare_start_s"].min())
         end = np.nanmax(w[["postprocess_end_s", "sample_end_s"]].to_numpy(float))

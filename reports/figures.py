@@ -18,6 +18,14 @@ GANTT_ITERATIONS = 24
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
+def middle_window(n: int, size: int) -> tuple[int, int]:
+    """[a, b) of ``size`` positions from the middle of ``n`` (all of them when n <= size)."""
+    if n <= size:
+        return 0, n
+    a = n // 2 - size // 2
+    return a, a + size
+
+
 def _label(run: RunData, strategy: str, multi: bool) -> str:
     return f"{run.name} / {strategy}" if multi else strategy
 
@@ -153,8 +161,7 @@ def iteration_gantt(run: RunData) -> go.Figure:
                     "encode": "#2ca02c", "forward": "#1f77b4", "sample": "#17becf"}
     for row, strategy in enumerate(strategies, start=1):
         it = run.iterations[strategy]
-        mid = max(0, len(it) // 2 - GANTT_ITERATIONS // 2)
-        window = it.iloc[mid: mid + GANTT_ITERATIONS]
+        window = it.iloc[slice(*middle_window(len(it), GANTT_ITERATIONS))]
         t0 = float(window["schedule_start_s"].min())
         for phase, color in phase_colors.items():
             if f"{phase}_start_s" not in window:  # a run recorded before the phase existed
