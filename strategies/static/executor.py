@@ -75,8 +75,11 @@ class StaticStrategy(Strategy):
             width += r.width
             enc += r.encoder_len
             cross += self.cross_kv.blocks_for(r.encoder_len) if r.encoder_len else 0
-        for r, hits in rows:
-            self._admit(r, hits, self._row_tokens(r, longest, max_new))
+        for r, _ in rows:
+            # Hits again, now: an earlier row's admission may have evicted a cached block this row's count
+            # relied on (it was free then). Each lost hit, and the chain after it, becomes a new block
+            # instead: the batch's total stays within what the loop counted, as nothing else is running.
+            self._admit(r, self.kv.prefix_hit(r), self._row_tokens(r, longest, max_new))
             batch.admitted.append(r)
         self.batch = [r for r, _ in rows]
         self._to_prefill = deque(self.batch)
