@@ -66,7 +66,7 @@ def make_trace(opts: RunOptions) -> Trace:
                                 burstiness=opts.burstiness, length_dist=opts.length_dist,
                                 range_ratio=opts.range_ratio, output_range_ratio=opts.output_range_ratio,
                                 prefix_len=opts.prefix_len, num_prefixes=opts.num_prefixes, seed=opts.seed,
-                                encoder_input_len=opts.encoder_input_len, ramp=opts.ramp())
+                                encoder_input_len=opts.encoder_input_len, ramp=opts.ramp(), sessions=opts.sessions())
     else:
         trace = load_trace(opts.trace, opts.trace_format)
     fit = Fit(start_offset_s=opts.start_offset, limit=opts.limit, time_scale=opts.time_scale,

@@ -15,6 +15,7 @@ from typing import Any
 from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
+from harness.traces.sessions import SessionShape
 from harness.traces.synthetic import RAMP_STRATEGIES, ramp_rates
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 from strategies.runtime.buffers.memory import MEMORY_MODES
@@ -57,7 +58,14 @@ class RunOptions:
                                               "--request-rate)", choices=RAMP_STRATEGIES)
     ramp_up_start_rps: float | None = _opt(None, "synthetic: the ramp's first rate (req/s)")
     ramp_up_end_rps: float | None = _opt(None, "synthetic: the ramp's last rate (req/s)")
-    max_concurrency: int | None = _opt(None, "at most this many requests in flight (closed loop with rate inf)")
+    max_concurrency: int | None = _opt(None, "at most this many requests (multi-turn: sessions) in flight (closed "
+                                             "loop with rate inf)")
+    session_turns_mean: float = _opt(1.0, "synthetic: turns per multi-turn session, normal around this (AIPerf's); "
+                                          "--num-prompts counts turns, --request-rate starts sessions")
+    session_turns_stddev: float = _opt(0.0, "synthetic: spread of turns per session")
+    session_turn_delay_mean: float = _opt(0.0, "synthetic: think time in ms between a turn's last token and the "
+                                               "next turn (AIPerf's)")
+    session_turn_delay_stddev: float = _opt(0.0, "synthetic: spread of think times (ms)")
     input_len: int = _opt(128, "synthetic: mean input length (an encoder–decoder model's decoder prompt)")
     encoder_input_len: int = _opt(0, "synthetic: mean encoder input length, with --input-len's range options "
                                      "(encoder–decoder models; 0: none)")
@@ -141,6 +149,7 @@ class RunOptions:
             if getattr(self, name) <= 0:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         self.ramp()
+        self.sessions()
         if self.encoder_input_len < 0:
             raise UserError(f"--encoder-input-len must be >= 0, got {self.encoder_input_len}")
         if self.prefix_len < 0:
@@ -185,6 +194,10 @@ class RunOptions:
         ramp = (str(self.ramp_up_strategy), float(self.ramp_up_start_rps), float(self.ramp_up_end_rps))
         ramp_rates(2, *ramp)  # validates
         return ramp
+
+    def sessions(self) -> SessionShape:
+        return SessionShape(self.session_turns_mean, self.session_turns_stddev, self.session_turn_delay_mean,
+                            self.session_turn_delay_stddev)
 
     @property
     def percentiles(self) -> tuple[float, ...]:

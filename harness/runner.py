@@ -43,7 +43,8 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
                    prefix: str = "", max_seq_len: int | None = None) -> list[Request]:
     """Requests for a trace; random prompt ids are drawn from ``seed`` so every strategy sees the same.
     A request longer than ``max_seq_len`` can never be served: its prompt is not built (a trace line
-    may claim any length), and the executor rejects it from its claimed size."""
+    may claim any length), and the executor rejects it from its claimed size. A session's later turn is
+    built with its own prompt; its history is prepended when it is sent (harness/source.py)."""
     prompts = PromptBuilder(vocab_size, seed)
     out = []
     for i, t in enumerate(trace):
@@ -62,7 +63,8 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
             raise UserError(f"request {t.request_id or f'{prefix}{i}'}: {exc}") from None
         encoder = prompts.encoder_prompt(t) if fits else None
         out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s,
-                           num_prompt_tokens=t.input_tokens, encoder_prompt_token_ids=encoder))
+                           num_prompt_tokens=t.input_tokens, encoder_prompt_token_ids=encoder,
+                           session_id=t.session_id, turn=t.turn, turn_delay_s=t.delay_s))
     return out
 
 

@@ -4,13 +4,26 @@ Requests become visible at their arrival time on the run clock. With ``max_concu
 many are in flight; the rest wait on the client side and are sent when one ends (closed loop when the
 rate is infinite). As in ``vllm bench serve``, latency is measured from when a request is *sent*, so
 a capped request's ``arrival_s`` is when it left the client.
+
+Multi-turn sessions (AIPerf's conversations): a session's first turn arrives like any request; turn
+k + 1 is sent ``turn_delay_s`` after turn k's last token, its prompt the session's history (every
+earlier prompt and the tokens actually generated) followed by its own. A session whose turn ends
+without finishing (rejected) ends there: its later turns are never sent and are recorded as rejected
+with the reason. The concurrency cap counts sessions: a session holds its place from its first turn's
+send to its last turn's end, think times included.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable
+from itertools import count, pairwise
 
-from strategies.runtime.request import Request
+import numpy as np
+
+from strategies.runtime.request import Request, Status
+
+UNSENT = "session ended"  # how the reason of a turn its session never sent begins
 
 
 class TraceSource:
@@ -18,13 +31,27 @@ class TraceSource:
                  on_end: Callable[[Request], None] | None = None) -> None:
         if max_concurrency is not None and max_concurrency <= 0:
             raise ValueError(f"--max-concurrency must be positive, got {max_concurrency}")
-        self.requests = sorted(requests, key=lambda r: r.arrival_s)
+        starts, sessions = [], {}
+        for r in requests:
+            if r.session_id is None:
+                starts.append(r)
+            else:
+                sessions.setdefault(r.session_id, []).append(r)
+        self._successor: dict[Request, Request] = {}  # a turn → the session's next turn, until it is sent
+        for turns in sessions.values():
+            turns.sort(key=lambda r: r.turn)
+            starts.append(turns[0])
+            self._successor.update(pairwise(turns))
+        self._starts = sorted(starts, key=lambda r: r.arrival_s)  # what arrives by the clock, in order
         self.max_concurrency = max_concurrency
         self.on_end = on_end
         self._next = 0
-        self._in_flight = 0
+        self._in_flight = 0  # requests, or sessions, sent and not ended
         self._gate_open_s = 0.0  # when the concurrency cap last made room
         self._now_s = 0.0
+        self._later: list[tuple[float, int, Request]] = []  # later turns released, by send time (a heap)
+        self._unsent_turns = len(self._successor)  # later turns not yet released or ended
+        self._order = count()  # breaks send-time ties in the heap by release order
 
     def _gated(self) -> bool:
         return self.max_concurrency is not None and self._in_flight >= self.max_concurrency
@@ -32,8 +59,10 @@ class TraceSource:
     def poll(self, now_s: float) -> list[Request]:
         self._now_s = now_s
         out = []
-        while self._next < len(self.requests) and not self._gated():
-            r = self.requests[self._next]
+        while self._later and self._later[0][0] <= now_s:  # a session's next turn: its place is held
+            out.append(heapq.heappop(self._later)[2])
+        while self._next < len(self._starts) and not self._gated():
+            r = self._starts[self._next]
             if r.arrival_s > now_s:
                 break
             r.arrival_s = max(r.arrival_s, self._gate_open_s)
@@ -43,17 +72,40 @@ class TraceSource:
         return out
 
     def next_arrival_s(self) -> float | None:
-        if self._next >= len(self.requests) or self._gated():
-            return None
-        return max(self.requests[self._next].arrival_s, self._gate_open_s)
+        later = self._later[0][0] if self._later else None
+        if self._next >= len(self._starts) or self._gated():
+            return later
+        start = max(self._starts[self._next].arrival_s, self._gate_open_s)
+        return start if later is None else min(start, later)
 
     @property
     def exhausted(self) -> bool:
-        return self._next >= len(self.requests)
+        return self._next >= len(self._starts) and not self._later and self._unsent_turns == 0
 
     def on_finished(self, request: Request) -> None:
-        if self._gated():
-            self._gate_open_s = self._now_s if request.finish_s is None else request.finish_s
-        self._in_flight -= 1
+        nxt = self._successor.pop(request, None)
+        if nxt is not None and request.status is Status.FINISHED:
+            self._send_later(request, nxt)
+        else:
+            while nxt is not None:  # the session ends here: its later turns are never sent
+                nxt.arrival_s = self._now_s  # when the client gave them up
+                nxt.end(Status.REJECTED, f"{UNSENT} at turn {request.turn} ({request.status.value}: "
+                                         f"{request.finish_reason})")
+                self._unsent_turns -= 1
+                if self.on_end is not None:
+                    self.on_end(nxt)
+                nxt = self._successor.pop(nxt, None)
+            if self._gated():
+                self._gate_open_s = self._now_s if request.finish_s is None else request.finish_s
+            self._in_flight -= 1
         if self.on_end is not None:
             self.on_end(request)
+
+    def _send_later(self, turn: Request, nxt: Request) -> None:
+        """Release the session's next turn: the history it carries, and when the client sends it."""
+        history = np.concatenate([turn.prompt_token_ids, np.asarray(turn.output_token_ids, dtype=np.int64)])
+        nxt.prepend_history(history)
+        assert turn.finish_s is not None
+        nxt.arrival_s = turn.finish_s + nxt.turn_delay_s
+        heapq.heappush(self._later, (nxt.arrival_s, next(self._order), nxt))
+        self._unsent_turns -= 1

@@ -15,6 +15,7 @@ from reports.run_data import RunData
 CDF_POINTS = 200
 TIME_BINS = 100
 GANTT_ITERATIONS = 24
+SLICED = ("p50_ttft_ms", "requests_in_flight")  # over-time panels drawn from slices.csv
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -95,18 +96,28 @@ def _binned(t: np.ndarray, values: np.ndarray, t_max: float, how: str) -> tuple[
 
 
 def over_time(runs: list[RunData]) -> go.Figure:
+    """Per-iteration series binned over the run; with --slice-duration, also each time slice's median
+    TTFT and requests in flight (slices.csv: latency is known when a request ends, so by finish time)."""
     panels = [("Output throughput (tokens/s)", None), ("Batch size (rows per iteration)", "batch"),
               ("Active slots", "active_slots"), ("Waiting requests", "waiting_requests"),
               ("KV blocks in use", "kv_blocks_used")]
+    if any(r.slices for r in runs):
+        panels += [("Median TTFT per time slice (ms, requests ending in it)", "p50_ttft_ms"),
+                   ("Requests in flight per time slice (mean)", "requests_in_flight")]
     fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p for p, _ in panels],
-                        vertical_spacing=0.05)
+                        vertical_spacing=0.05 if len(panels) <= 5 else 0.035)
     colors, multi = strategy_colors(runs), len(runs) > 1
     for run, strategy, it, t, t_max in _iterations(runs):
         tok = run.token_times.get(strategy, np.array([]))
         series = {"batch": (it["num_context_requests"] + it["num_generation_requests"]).to_numpy(float)}
+        sl = run.slices.get(strategy)
         for i, (_, col) in enumerate(panels):
             if col is None:
                 x, y = _binned(tok, tok, t_max, "rate")
+            elif col in SLICED:
+                if sl is None or col not in sl:
+                    continue
+                x, y = ((sl["start_s"] + sl["end_s"]) / 2).to_numpy(float), sl[col].to_numpy(float)
             else:
                 x, y = _binned(t, series[col] if col in series else it[col].to_numpy(float), t_max, "mean")
             _line(fig, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
@@ -255,37 +266,4 @@ def repeats(stats: pd.DataFrame, metrics: tuple[str, ...]) -> go.Figure:
                                  error_y={"type": "data", "array": group[f"{m}_ci95"], "visible": True}),
                           row=1, col=col)
     fig.update_layout(title="Repeats: mean and 95% confidence interval", barmode="group", height=420)
-    return fig
-
-
-def pareto_front(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Indices of the points no other point beats on both x and y (higher is better), by x."""
-    order = np.lexsort((-y, -x))  # by x descending, ties by y descending
-    front, best_y = [], -np.inf
-    for i in order:
-        if y[i] > best_y:
-            front.append(i)
-            best_y = y[i]
-    return np.array(front[::-1], dtype=int)
-
-
-def capacity_pareto(points: pd.DataFrame) -> go.Figure:
-    """Output tokens/s per GPU against tokens/s per user for every evaluated rate that met the SLOs,
-    per configuration, with the frontier over all of them."""
-    fig = go.Figure()
-    ok = points[points["meets"].astype(bool)].dropna(subset=["tok_s_per_user", "output_tok_s_per_gpu"]) \
-        if len(points) else points
-    for i, (config, group) in enumerate(ok.groupby("config", sort=False) if len(ok) else []):
-        fig.add_trace(go.Scatter(x=group["tok_s_per_user"], y=group["output_tok_s_per_gpu"], mode="markers",
-                                 name=str(config), marker={"color": PALETTE[i % len(PALETTE)], "size": 8},
-                                 customdata=group["request_rate"],
-                                 hovertemplate="%{customdata:.3g} req/s<br>%{x:.1f} tok/s/user<br>"
-                                               "%{y:.1f} tok/s/GPU<extra></extra>"))
-    if len(ok):
-        front = ok.iloc[pareto_front(ok["tok_s_per_user"].to_numpy(float), ok["output_tok_s_per_gpu"].to_numpy(float))]
-        fig.add_trace(go.Scatter(x=front["tok_s_per_user"], y=front["output_tok_s_per_gpu"], mode="lines",
-                                 name="Pareto frontier", line={"color": "#222", "dash": "dash"}))
-    fig.update_layout(title="Capacity: throughput per GPU against speed per user (SLO met)",
-                      xaxis_title="output tokens/s per user (1 / median TPOT)",
-                      yaxis_title="output tokens/s per GPU", height=460)
     return fig

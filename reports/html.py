@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.offline import get_plotlyjs
 
 from reports import buffers, figures
+from reports.capacity import capacity_pareto
 from reports.load import load_capacity, load_runs
 from reports.repeats import repeat_table
 from reports.run_data import RunData
@@ -70,7 +71,7 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
                   "(harness/suite/capacity.py says how it was searched).</p>", to_html_table(capacity[0])]
     figs: list[tuple[str, go.Figure]] = []
     if capacity is not None and len(capacity[1]):
-        figs.append(("Capacity: Pareto", figures.capacity_pareto(capacity[1])))
+        figs.append(("Capacity: Pareto", capacity_pareto(capacity[1])))
     if not stats.empty:
         figs.append(("Repeats", figures.repeats(stats, REPEAT_METRICS)))
     sweep = figures.sweep(runs)

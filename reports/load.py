@@ -33,6 +33,8 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
         if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
             data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
+        if (d / "slices.csv").is_file():  # written with --slice-duration
+            data.slices[strategy] = pd.read_csv(d / "slices.csv")
         gaps, times = [], []
         finished = set(data.requests[strategy].query("status == 'finished'")["request_id"])
         with open(d / "tokens.jsonl", "rb") as f:

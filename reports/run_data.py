@@ -20,3 +20,4 @@ class RunData:
     slots: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → slots.parquet (when recorded)
     itl_ms: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → pooled inter-token gaps
     token_times: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → every token's time
+    slices: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → slices.csv (--slice-duration)

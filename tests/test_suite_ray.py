@@ -209,7 +209,7 @@ def test_capacity_search_brackets_the_highest_rate_that_meets_the_slos(tmp_path,
 
 
 def test_pareto_front_against_brute_force():
-    from reports.figures import pareto_front
+    from reports.capacity import pareto_front
 
     rng = np.random.default_rng(0)
     for _ in range(50):

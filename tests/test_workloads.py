@@ -154,3 +154,21 @@ def test_slotbench_reads_back_what_it_wrote_for_vllm(ramp_run):
     done = req[req["status"] == "finished"]
     back = run.requests["inflight"]
     assert back.loc[back["status"] == "finished", "e2el_ms"].to_numpy() == pytest.approx(done["e2el_ms"].to_numpy())
+
+
+def test_over_time_figure_draws_each_slice(ramp_run):
+    """With --slice-duration the over-time figure gains two panels drawn from slices.csv: each strategy's
+    median TTFT and requests in flight, one point per window at its middle."""
+    from reports.figures import over_time
+
+    fig = over_time(load_runs([ramp_run]))
+    titles = [a.text for a in fig.layout.annotations]
+    for title, column in [("Median TTFT per time slice (ms, requests ending in it)", "p50_ttft_ms"),
+                          ("Requests in flight per time slice (mean)", "requests_in_flight")]:
+        axis = f"y{titles.index(title) + 1}"
+        drawn = {t.name: t for t in fig.data if t.yaxis == axis}
+        assert set(drawn) == {"static", "inflight"}
+        for strategy, trace in drawn.items():
+            s = pd.read_csv(ramp_run / strategy / "slices.csv")
+            np.testing.assert_array_equal(np.asarray(trace.y, float), s[column].to_numpy(float))
+            np.testing.assert_array_equal(np.asarray(trace.x, float), s["start_s"] + 1.0)

@@ -4,7 +4,9 @@
   request_id, arrival_s, input_tokens, output_tokens, status (finished | rejected | failed),
   finish_reason, first_token_s, finish_s, slot (the last slot it held), preemptions, cached_tokens (prompt
   tokens read from the prefix cache instead of computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where
-  undefined).
+  undefined), session_id and turn (multi-turn sessions: <NA> and 0 outside one; a later turn's input_tokens
+  count its history, and a turn its session never sent is rejected with the reason, arriving when the
+  session ended).
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
 ``slots.parquet`` (one row per slot tenure: a request's hold on a slot from admission to release):
   request_id, slot, width (beams), start_iteration, decode_iteration (first step after the prefill; -1 if it
@@ -29,7 +31,7 @@ from strategies.runtime.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
                    "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "ttft_ms", "tpot_ms",
-                   "e2el_ms"]
+                   "e2el_ms", "session_id", "turn"]
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
@@ -43,10 +45,10 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else nan
         rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
                      r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
-                     r.preemptions, r.cached_tokens, ttft, tpot, e2el))
+                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn))
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
-                      "cached_tokens": "int64",
+                      "cached_tokens": "int64", "turn": "int64", "session_id": "string",
                       "request_id": "string", "status": "string", "finish_reason": "string"})
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
+from harness.source import UNSENT
 from strategies.runtime.request import Request, Status
 
 # (words in a rejection reason, the options that would admit such a request)
@@ -24,9 +25,13 @@ def rejection_note(strategy: str, requests: list[Request]) -> str | None:
     reasons = [r.finish_reason or "" for r in requests if r.status is Status.REJECTED]
     if not reasons:
         return None
-    kinds = Counter(re.sub(r"\d+", "N", x) for x in reasons)  # the same reason with each request's numbers
+    # A session's turn never sent because an earlier one was rejected: counted, the cause named instead.
+    unsent = sum(x.startswith(UNSENT) for x in reasons)
+    causes = [x for x in reasons if not x.startswith(UNSENT)] or reasons
+    kinds = Counter(re.sub(r"\d+", "N", x) for x in causes)  # the same reason with each request's numbers
     kind, count = kinds.most_common(1)[0]
-    example = next(x for x in reasons if re.sub(r"\d+", "N", x) == kind)
+    example = next(x for x in causes if re.sub(r"\d+", "N", x) == kind)
     hint = next((h for words, h in HINTS if words in example), None)
-    return (f"note: {strategy} rejected {len(reasons)} of {len(requests)} requests; commonest reason "
+    sessions = f" ({unsent} of them later turns of sessions that ended there)" if unsent else ""
+    return (f"note: {strategy} rejected {len(reasons)} of {len(requests)} requests{sessions}; commonest reason "
             f"({count}): {example}" + (f" — {hint}" if hint else ""))

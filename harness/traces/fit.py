@@ -12,7 +12,7 @@ from harness.traces.trace import Trace
 class Fit:
     start_offset_s: float = 0.0  # skip requests that arrive before this (trace time)
     limit: int | None = None  # keep the first N requests after the offset
-    time_scale: float = 1.0  # multiply inter-arrival times (0.5 replays twice as fast)
+    time_scale: float = 1.0  # multiply inter-arrival times and think times (0.5 replays twice as fast)
     length_scale: float = 1.0  # multiply input and output lengths
     max_input_len: int | None = None  # clip
     max_output_len: int | None = None  # clip
@@ -29,6 +29,8 @@ class Fit:
 
 
 def fit_trace(trace: Trace, fit: Fit) -> Trace:
+    """A session's turns share its first arrival (harness/traces/sessions.py), so the offset keeps or drops
+    a session whole; --limit may end one early, never before its turn 0."""
     reqs = [r for r in trace.requests if r.arrival_s >= fit.start_offset_s]
     if fit.limit is not None:
         reqs = reqs[: fit.limit]
@@ -50,5 +52,5 @@ def fit_trace(trace: Trace, fit: Fit) -> Trace:
         # A prefix block scales with the lengths, so a scaled prompt keeps the trace's sharing structure.
         block = max(1, round(r.prefix_block_len * fit.length_scale)) if r.prefix_ids else r.prefix_block_len
         out.append(replace(r, arrival_s=(r.arrival_s - t0) * fit.time_scale, input_tokens=n_in, output_tokens=n_out,
-                           prompt_token_ids=prompt, prefix_block_len=block))
+                           prompt_token_ids=prompt, prefix_block_len=block, delay_s=r.delay_s * fit.time_scale))
     return trace.with_requests(out)

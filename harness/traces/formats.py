@@ -8,7 +8,8 @@
 - mooncake: Mooncake JSONL ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``; each hash id
   stands for one 512-token prefix block, so prompts are built with the trace's prefix sharing.
 - slotbench: JSONL ``{"arrival_s", "input_tokens" | "prompt_token_ids", "output_tokens"}`` with optional
-  ``request_id`` and sampling parameters.
+  ``request_id`` and sampling parameters; multi-turn sessions add ``session_id``, ``turn`` (0, 1, …) and,
+  on a later turn (which has no ``arrival_s``), ``delay_s``: harness/traces/sessions.py.
 """
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from harness.errors import TraceError
+from harness.traces.sessions import arrange_sessions
 from harness.traces.trace import Trace, TraceRequest
 
 FORMATS = ("azure", "burstgpt", "mooncake", "slotbench")
 SAMPLING_KEYS = ("temperature", "top_k", "top_p", "min_p", "seed", "ignore_eos", "stop_token_ids", "beam_width",
                  "length_penalty", "early_stopping", "num_return_sequences")
+SESSION_KEYS = ("session_id", "turn", "delay_s")
 
 
 def load_trace(path: str, fmt: str = "auto") -> Trace:
@@ -209,25 +212,55 @@ def _tokens_or_length(path: str, line: int, obj: dict, ids_key: str,
 def _load_slotbench(path: str, text: str) -> tuple[list[TraceRequest], int]:
     rows = []
     for i, obj in _json_lines(path, text):
-        _require(path, i, obj, "arrival_s", "output_tokens")
+        _require(path, i, obj, "output_tokens")
         prompt, n_in = _tokens_or_length(path, i, obj, "prompt_token_ids", "input_tokens")
         if n_in is None:
             raise TraceError(path, i, "missing key input_tokens or prompt_token_ids")
         encoder, n_enc = _tokens_or_length(path, i, obj, "encoder_prompt_token_ids", "encoder_input_tokens")
         unknown = set(obj) - {"arrival_s", "input_tokens", "prompt_token_ids", "output_tokens", "request_id",
-                              "encoder_prompt_token_ids", "encoder_input_tokens", *SAMPLING_KEYS}
+                              "encoder_prompt_token_ids", "encoder_input_tokens", *SESSION_KEYS, *SAMPLING_KEYS}
         if unknown:
             raise TraceError(path, i, f"unknown key(s) {', '.join(sorted(unknown))}")
+        session_id, turn, delay = _session(path, i, obj)
+        if turn == 0:
+            _require(path, i, obj, "arrival_s")
+        elif "arrival_s" in obj:
+            raise TraceError(path, i, f"arrival_s on turn {turn}: a later turn is sent delay_s after the previous "
+                                      "turn's last token")
         sampling = {k: obj[k] for k in SAMPLING_KEYS if k in obj} or None
         if sampling:
             _check_sampling(path, i, sampling)
         rid = obj.get("request_id")
-        rows.append(TraceRequest(_number(path, i, "arrival_s", obj["arrival_s"], integer=False), n_in,
-                                 _length(path, i, "output_tokens", obj["output_tokens"]),
-                                 str(rid) if rid is not None else None,
-                                 tuple(prompt) if prompt is not None else None, sampling, encoder_tokens=n_enc or 0,
-                                 encoder_prompt_token_ids=tuple(encoder) if encoder is not None else None))
-    return rows, 0
+        arrival = _number(path, i, "arrival_s", obj["arrival_s"], integer=False) if turn == 0 else 0.0
+        rows.append((i, TraceRequest(arrival, n_in, _length(path, i, "output_tokens", obj["output_tokens"]),
+                                     str(rid) if rid is not None else None,
+                                     tuple(prompt) if prompt is not None else None, sampling,
+                                     encoder_tokens=n_enc or 0,
+                                     encoder_prompt_token_ids=tuple(encoder) if encoder is not None else None,
+                                     session_id=session_id, turn=turn, delay_s=delay)))
+    return arrange_sessions(path, rows), 0
+
+
+def _session(path: str, line: int, obj: dict) -> tuple[str | None, int, float]:
+    """(session_id, turn, delay_s) of a line; a line outside any session is turn 0 of none."""
+    if "session_id" not in obj:
+        if "turn" in obj or "delay_s" in obj:
+            raise TraceError(path, line, "turn and delay_s need a session_id")
+        return None, 0, 0.0
+    sid = obj["session_id"]
+    if not isinstance(sid, str | int) or isinstance(sid, bool):
+        raise TraceError(path, line, f"session_id: {sid!r} is not a string or an integer")
+    if "turn" not in obj:
+        raise TraceError(path, line, "session_id without turn (0 for the session's first)")
+    turn = int(_number(path, line, "turn", obj["turn"], integer=True))
+    if turn < 0:
+        raise TraceError(path, line, f"turn: {turn} is negative")
+    delay = _number(path, line, "delay_s", obj.get("delay_s", 0.0), integer=False)
+    if delay < 0:
+        raise TraceError(path, line, f"delay_s: {delay} is negative")
+    if turn == 0 and "delay_s" in obj:
+        raise TraceError(path, line, "delay_s on turn 0: a session's first turn arrives at its arrival_s")
+    return str(sid), turn, delay
 
 
 def _check_sampling(path: str, line: int, sampling: dict) -> None:

@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from harness.errors import UserError
+from harness.traces.sessions import SessionShape, as_sessions, session_turns
 from harness.traces.trace import Trace, TraceRequest
 
 LENGTH_DISTS = ("fixed", "uniform", "normal", "lognormal", "zipf")
@@ -81,17 +82,22 @@ def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, reques
                     burstiness: float = 1.0, length_dist: str = "uniform", range_ratio: float = 0.0,
                     output_range_ratio: float | None = None, prefix_len: int = 0, num_prefixes: int = 1,
                     seed: int = 0, encoder_input_len: int = 0,
-                    ramp: tuple[str, float, float] | None = None) -> Trace:
+                    ramp: tuple[str, float, float] | None = None, sessions: SessionShape | None = None) -> Trace:
     """``prefix_len`` > 0 opens every prompt with one of ``num_prefixes`` shared prefixes (drawn per
     request) before its ``input_len`` random tokens, as ``vllm bench serve --random-prefix-len`` and
     SGLang's generated-shared-prefix dataset do. ``encoder_input_len`` > 0 gives every request an encoder
     input of that mean length (an encoder–decoder model's), drawn like the input lengths. ``ramp`` =
-    (strategy, start rps, end rps) replaces ``request_rate`` with a ramp."""
+    (strategy, start rps, end rps) replaces ``request_rate`` with a ramp. ``sessions`` groups the
+    ``num_prompts`` requests into multi-turn sessions; the rate (or the ramp) is then the sessions'."""
     if num_prompts <= 0:
         raise UserError(f"--num-prompts must be positive, got {num_prompts}")
     rng = np.random.default_rng(seed)
-    rate = request_rate if ramp is None else ramp_rates(num_prompts, *ramp)
-    t = arrival_times(num_prompts, rate, burstiness, rng)
+    turns = session_turns(num_prompts, sessions, seed) if sessions and sessions.multi_turn else None
+    starts = num_prompts if turns is None else len(turns)
+    rate = request_rate if ramp is None else ramp_rates(starts, *ramp)
+    t = arrival_times(starts, rate, burstiness, rng)
+    if turns is not None:  # every turn at its session's first arrival (sessions.py)
+        t = np.repeat(t, turns)
     n_in = lengths(num_prompts, input_len, length_dist, range_ratio, rng)
     n_out = lengths(num_prompts, output_len, length_dist,
                     range_ratio if output_range_ratio is None else output_range_ratio, rng)
@@ -106,4 +112,7 @@ def synthetic_trace(num_prompts: int, input_len: int, output_len: int, *, reques
     if encoder_input_len:  # drawn after the rest, so a trace without encoder inputs is unchanged
         n_enc = lengths(num_prompts, encoder_input_len, length_dist, range_ratio, rng)
         reqs = [replace(r, encoder_tokens=int(e)) for r, e in zip(reqs, n_enc, strict=True)]
+    if turns is not None:
+        assert sessions is not None
+        reqs = as_sessions(reqs, turns, sessions, seed)
     return Trace(tuple(reqs), source="synthetic", format="synthetic")

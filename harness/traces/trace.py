@@ -23,6 +23,13 @@ class TraceRequest:
     # random); input_tokens / prompt_token_ids are then the decoder's prompt.
     encoder_tokens: int = 0
     encoder_prompt_token_ids: tuple[int, ...] | None = None
+    # Multi-turn sessions: turn k > 0 is sent delay_s after turn k - 1's last token, its prompt the
+    # session's history followed by its own tokens (input_tokens counts its own); its arrival_s is its
+    # session's first arrival, a placeholder that keeps a session's turns together through sorting and
+    # fitting. harness/traces/sessions.py checks a trace's sessions.
+    session_id: str | None = None
+    turn: int = 0
+    delay_s: float = 0.0
 
 
 @dataclass(frozen=True)

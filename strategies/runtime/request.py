@@ -83,6 +83,12 @@ class Request:
     num_prompt_tokens: int | None = None  # the claimed prompt length when prompt_token_ids is None
     # Encoder–decoder models: the encoder's input (int64 [encoder_len]); the prompt is then the decoder's
     encoder_prompt_token_ids: np.ndarray | None = None
+    # Multi-turn sessions (the client's, harness/source.py): the session, this request's turn in it, and
+    # the think time after the previous turn's last token before this turn is sent. A later turn's
+    # prompt gains the session's history when it is sent (``prepend_history``).
+    session_id: str | None = None
+    turn: int = 0
+    turn_delay_s: float = 0.0
 
     status: Status = Status.WAITING
     slot: int | None = None
@@ -122,6 +128,21 @@ class Request:
         self._tokens[: len(prompt)] = prompt
         self.prompt_token_ids = self._tokens[: len(prompt)]
         self.prompt_len = len(prompt)
+
+    def prepend_history(self, history: np.ndarray) -> None:
+        """Open the prompt with ``history`` (a session's earlier prompts and outputs); only before the
+        request is sent, since the prompt buffer is rebuilt."""
+        assert self.status is Status.WAITING and self.admitted_seq < 0 and not self.block_hashes
+        if not len(self._tokens):  # never built (too long to serve): only the claimed length grows
+            self.prompt_len += len(history)
+            self.num_prompt_tokens = self.prompt_len
+            return
+        own = self.prompt_token_ids
+        self._tokens = np.zeros(len(history) + len(own) + max(self.max_new_tokens, 0), dtype=np.int64)
+        self._tokens[: len(history)] = history
+        self._tokens[len(history): len(history) + len(own)] = own
+        self.prompt_len = len(history) + len(own)
+        self.prompt_token_ids = self._tokens[: self.prompt_len]
 
     @property
     def token_ids(self) -> np.ndarray:
