@@ -35,8 +35,9 @@ import pandas as pd
 import torch
 from tqdm import tqdm
 
+from harness.context_length import resolve_max_seq_len
 from harness.errors import UserError
-from harness.options import RunOptions, resolve_max_seq_len
+from harness.options import RunOptions
 from harness.output.io import atomic_write_json, atomic_write_text
 from harness.output.rejections import rejection_note
 from harness.output.strategy_dir import write_strategy
@@ -193,6 +194,8 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     executor, sim_info = resolve_executor(opts)
     defaults = opts.sampling_defaults()
     # The decoder state and block tables hold as many beam rows per slot as the widest request needs.
+    if executor.speculative is not None and model_cfg.is_encoder_decoder:
+        raise UserError("--speculative-config: an encoder–decoder model does not speculate here")
     widest = max([defaults.beam_width] + [int((t.sampling or {}).get("beam_width", 1)) for t in trace.requests])
     if widest != executor.max_beam_width:
         try:

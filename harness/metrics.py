@@ -135,10 +135,28 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
     if bubble is not None:  # micro-batches overlap on the device: busy is per stage
         out["pipeline_bubble_fraction"] = bubble
         out["device_busy_fraction"] = 1 - bubble
+    if "spec_drafts" in it and it["spec_drafts"].sum() > 0:
+        out.update(spec_metrics(it))
     if "encode_start_s" in it and it["encode_start_s"].notna().any():  # encoder–decoder models
         encode = (it["encode_end_s"] - it["encode_start_s"]).dropna()
         out["encode_ms_per_iteration"] = float(encode.sum() / len(it) * 1e3)
     return out
+
+
+def spec_metrics(it: pd.DataFrame) -> dict:
+    """Speculative decoding, vLLM's definitions: acceptance rate = accepted / draft tokens; mean acceptance
+    length = 1 + accepted / drafts (tokens a verifying step yields); per position j, accepted at j /
+    drafts."""
+    drafts, proposed, accepted = (int(it[c].sum()) for c in ("spec_drafts", "spec_draft_tokens",
+                                                             "spec_accepted_tokens"))
+    by_pos = [tuple(x) for x in it["spec_accepted_by_position"] if len(x)]
+    width = max((len(x) for x in by_pos), default=0)
+    per_position = np.zeros(width)
+    for x in by_pos:
+        per_position[:len(x)] += x
+    return {"spec_drafts": drafts, "spec_draft_tokens": proposed, "spec_accepted_tokens": accepted,
+            "spec_acceptance_rate": accepted / proposed, "spec_mean_acceptance_length": 1 + accepted / drafts,
+            "spec_acceptance_by_position": [float(x) for x in per_position / drafts]}
 
 
 HOST_PHASES = ("schedule", "prepare", "postprocess")

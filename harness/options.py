@@ -6,7 +6,6 @@ use are both derived from this table, so they cannot drift apart.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 from dataclasses import dataclass, field, fields
@@ -19,8 +18,8 @@ from harness.traces.sessions import SessionShape
 from harness.traces.synthetic import RAMP_STRATEGIES, ramp_rates
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 from strategies.runtime.buffers.memory import MEMORY_MODES
-from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import SamplingParams
+from strategies.runtime.spec.config import SpecConfig, parse_speculative_config
 
 
 def _opt(default: Any, help: str, **argparse_kw: Any) -> Any:
@@ -121,6 +120,9 @@ class RunOptions:
     cpu_device: str = _opt("process", "CPU: the device as a process of its own (it shares no interpreter lock with "
                                       "the host, so host work does not slow a step) or a thread of this process "
                                       "(its tensors within reach of a debugger)", choices=("process", "thread"))
+    speculative_config: str | None = _opt(None, "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", "
+                                                "\"num_speculative_tokens\": K, \"prompt_lookup_min\": 1, "
+                                                "\"prompt_lookup_max\": 3} (inflight; cpu and cuda)")
     compile: bool = _opt(True, "run the forward as one TorchScript call")
     instrument: bool = _opt(True, "emit NVTX ranges")
     profile_iters: str | None = _opt(None, "CUDA: iterations A-B bracketed by cudaProfilerStart/Stop")
@@ -167,9 +169,30 @@ class RunOptions:
         parse_goodput(list(self.goodput) if self.goodput else None)
         if self.profile_iters is not None:
             self.profile_range()
+        self._check_speculation()
         # validates the executor limits (an unresolved --max-seq-len by a stand-in: resolve_max_seq_len
         # validates again with the value the run uses)
         self.executor_config(self.max_seq_len or self.max_num_tokens)
+
+    def speculative(self) -> SpecConfig | None:
+        if self.speculative_config is None:
+            return None
+        try:
+            return parse_speculative_config(self.speculative_config)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+
+    def _check_speculation(self) -> None:
+        if self.speculative() is None:
+            return
+        from strategies.registry import get_strategy
+
+        for name in self.strategies:
+            if not get_strategy(name).speculates:
+                raise UserError(f"--speculative-config: {name} does not speculate (inflight does; overlap would need "
+                                "the drafts of step n + 1 while step n runs, which n-gram lookup cannot have)")
+        if self.device == "sim":
+            raise UserError("--speculative-config: the simulated device does not price verification yet")
 
     def sampling_defaults(self) -> SamplingParams:
         """Every request's sampling unless its trace line says otherwise."""
@@ -228,7 +251,7 @@ class RunOptions:
     def executor_config(self, max_seq_len: int | None = None) -> ExecutorConfig:
         max_seq_len = max_seq_len or self.max_seq_len
         if max_seq_len is None:
-            raise ValueError("--max-seq-len is not resolved yet (harness.options.resolve_max_seq_len)")
+            raise ValueError("--max-seq-len is not resolved yet (harness.context_length.resolve_max_seq_len)")
         try:
             return ExecutorConfig(
                 max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=max_seq_len,
@@ -238,7 +261,7 @@ class RunOptions:
                 device_threads=self.device_threads, cpu_device=self.cpu_device, compile=self.compile,
                 instrument=self.instrument,
                 max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
-                stage_timeout_s=self.stage_timeout, sim=self.sim_config())
+                stage_timeout_s=self.stage_timeout, sim=self.sim_config(), speculative=self.speculative())
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
@@ -273,23 +296,3 @@ class RunOptions:
             return cls(**values)
         except TypeError as exc:
             raise UserError(f"{where}: {exc}") from None
-
-
-def resolve_max_seq_len(opts: RunOptions, model_cfg: ModelConfig) -> RunOptions:
-    """``opts`` with --max-seq-len given: by default the model's context length (its config's
-    max_position_embeddings, or the simulated spec's), capped by what the KV pool can hold."""
-    if opts.max_seq_len is not None:
-        return opts
-    value = model_cfg.max_position_embeddings
-    pool = opts.kv_blocks * opts.tokens_per_block if opts.kv_blocks else None
-    if pool is None and opts.device == "sim":  # what the GPU's memory leaves for KV after the weights
-        from strategies.runtime.sim.build import cost_model
-
-        try:
-            cost = cost_model(opts.sim_config())
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-        pool = cost.kv_capacity_tokens() // (2 if cost.spec.is_encoder_decoder else 1)
-    if pool is not None:
-        value = min(value, max(pool, opts.tokens_per_block))
-    return dataclasses.replace(opts, max_seq_len=value)

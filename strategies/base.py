@@ -31,6 +31,7 @@ from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request, Status
+from strategies.speculation import receive_verified
 
 
 class Strategy(Executor):
@@ -47,7 +48,8 @@ class Strategy(Executor):
         c = config
         sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": self.max_tokens_per_step(),
                  "max_batch": c.max_batch_size, "num_buffer_sets": self.num_buffer_sets,
-                 "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block, "max_beam": c.max_beam_width}
+                 "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block, "max_beam": c.max_beam_width,
+                 "max_drafts": c.speculative.num_speculative_tokens if c.speculative else 0}
         if c.device == "sim":
             from strategies.runtime.sim.build import sim_engine
 
@@ -216,6 +218,7 @@ class Strategy(Executor):
         rec.kv_blocks_cached = self.kv.cached_free_blocks
         rec.kv_evictions, self._evictions_seen = self.kv.evictions - self._evictions_seen, self.kv.evictions
         rec.preemptions = len(batch.preempted)
+        rec.spec_drafts, rec.spec_draft_tokens = len(batch.verify), sum(len(v.drafts) for v in batch.verify)
         if batch:
             self.records.append(rec)
             self._last_scheduled = iteration
@@ -276,6 +279,10 @@ class Strategy(Executor):
                         beams_done.append((r, code))
                     else:
                         self._finish(r, FINISH_REASONS[code])
+            if bufs.drafts is not None and bufs.drafts.num_rows:
+                trim = self.kv if self.config.capacity_policy == "max-utilization" else None
+                for r, reason in receive_verified(rec, bufs.drafts, self.engine.verify_outputs(bufs), now, trim):
+                    self._finish(r, reason)
             if beams_done:
                 results = self.engine.read_beams(rec.iteration, [r for r, _ in beams_done])
                 for (r, code), beams in zip(beams_done, results, strict=True):

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from strategies.runtime.buffers.memory import MEMORY_MODES
 from strategies.runtime.device.factory import CPU_DEVICES
 from strategies.runtime.sim.config import SimConfig
+from strategies.runtime.spec.config import SpecConfig
 
 CAPACITY_POLICIES = ("guaranteed-no-evict", "max-utilization")
 
@@ -35,6 +36,7 @@ class ExecutorConfig:
     compile: bool = True  # run forward as one TorchScript call (GIL-free on the CPU worker)
     instrument: bool = True  # NVTX ranges (records are always kept)
     sim: SimConfig | None = None  # the simulated device's settings, when device == "sim"
+    speculative: SpecConfig | None = None  # speculative decoding (--speculative-config), None: off
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block"):
@@ -68,6 +70,8 @@ class ExecutorConfig:
             raise ValueError(f"--device-memory {self.device_memory!r}: expected one of {', '.join(MEMORY_MODES)}")
         if self.device.startswith("cuda") and self.device_memory == "shared":
             raise ValueError("--device-memory shared: a CUDA device always has memory of its own (split)")
+        if self.speculative is not None and self.max_beam_width > 1:
+            raise ValueError("--speculative-config: beam search does not speculate (vLLM refuses it too)")
         if self.device == "sim" and self.device_memory == "split":
             raise ValueError("--device-memory split: the simulated device keeps no tensors of its own")
 

@@ -49,6 +49,7 @@ class Executor(ABC):
     """What the harness drives: serve a request source, keep iteration records, close."""
 
     name: ClassVar[str]
+    speculates: ClassVar[bool] = False  # runs speculative decoding (--speculative-config)
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:

@@ -22,9 +22,10 @@ from collections import deque
 from collections.abc import Callable
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.batch import ContextChunk, ScheduledBatch
+from strategies.runtime.batch import ContextChunk, ScheduledBatch, VerifyStep
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request
+from strategies.runtime.spec.ngram import propose_ngram
 
 Admit = Callable[[Request, list[int], int], None]  # (request, cached prefix blocks, tokens to reserve)
 Preempt = Callable[[Request], None]
@@ -48,6 +49,7 @@ class IterationScheduler:
         kv, tpb = self.kv, self.kv.tokens_per_block
         held = kv.held_blocks
         gen_requests, gen_positions = batch.gen_requests, batch.gen_positions
+        spec = self.config.speculative
         for r in decodes:  # decodes first: one token per beam (the hot path: one pass, no helper calls)
             if budget < r.width:
                 if budget < 1:
@@ -57,6 +59,12 @@ class IterationScheduler:
             if slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens:
                 continue  # preempted earlier in this loop; or every token it wants is on its way
             position = r.num_computed_tokens
+            if spec is not None:
+                if self._verify(r, position, budget, running, batch, preempt):
+                    budget -= batch.verify[-1].length
+                    continue
+                if r.slot is None:  # preempted to make room for its own drafts
+                    continue
             if position >= held[slot] * tpb:  # the token starts a new block
                 if not self.guaranteed and not self._make_room(r, position + 1, running, batch, preempt):
                     continue
@@ -106,6 +114,29 @@ class IterationScheduler:
         if self.config.max_beam_width == 1:
             batch.no_beams()
         return batch
+
+    def _verify(self, r: Request, position: int, budget: int, running: list[Request], batch: ScheduledBatch,
+                preempt: Preempt) -> bool:
+        """Speculative decoding: schedule ``r``'s last token and its drafts as one verifying chunk, its
+        k + 1 positions counted in the budget and in KV blocks before the step (False: no drafts, or no
+        room; it then decodes one token as usual). Drafts never reach past max_new_tokens: k <= the tokens
+        it may still generate, less the one the target always adds."""
+        spec = self.config.speculative
+        assert spec is not None
+        k = min(spec.num_speculative_tokens, r.max_new_tokens - r.num_output_tokens - 1, budget - 1)
+        if k <= 0 or r.pending_samples:  # the host has not read its last token: nothing to look up from
+            return False
+        drafts = propose_ngram(r.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k)
+        if not len(drafts):
+            return False
+        end = position + 1 + len(drafts)
+        if not self.guaranteed and not self._make_room(r, end, running, batch, preempt):
+            return False
+        self.kv.grow(r.slot, end)
+        batch.verify.append(VerifyStep(r, position, drafts))
+        r.num_computed_tokens = end  # rewound to what the target accepted when the outputs come back
+        r.pending_samples += 1
+        return True
 
     def _may_chunk(self, r: Request) -> bool:
         # A resumed request recomputes prompt + outputs, which may exceed the budget: always chunk it.

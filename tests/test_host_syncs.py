@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from strategies.runtime.decoder import state as decoder_state
+from strategies.runtime.decoder.accept import accept_drafts
 from strategies.runtime.decoder.beam_search import beam_step
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.bart import build_bart
@@ -69,7 +70,8 @@ def graphs() -> dict[str, torch._C.Graph]:
     return {"LlamaModel.step": llama.step.graph, "BartModel.encode": bart.encode.graph,
             "BartModel.step": bart.step.graph, "StageModel.step": stage.step.graph,
             "admit": decoder_state._admit.graph, "admit_beams": decoder_state._admit_beams.graph,
-            "sample_and_apply": decoder_state._sample_and_apply.graph, "beam_step": beam_step.graph}
+            "sample_and_apply": decoder_state._sample_and_apply.graph, "beam_step": beam_step.graph,
+            "accept_drafts": accept_drafts.graph}
 
 
 @pytest.mark.parametrize("name", list(graphs()))

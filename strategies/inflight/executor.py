@@ -15,6 +15,7 @@ from strategies.scheduler import IterationScheduler
 
 class InflightStrategy(Strategy):
     name = "inflight"
+    speculates = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -32,6 +32,7 @@ from strategies.scheduler import IterationScheduler
 
 class PipelineStrategy(InflightStrategy):
     name = "pipeline"
+    speculates = False  # its stages would each need the drafts; not built
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from strategies.runtime.request import Request
 
 
@@ -20,6 +22,19 @@ class ContextChunk:
 class GenerationStep:
     request: Request  # computed as request.width rows, one per beam, all at the same position
     position: int  # position of the input token (the last sampled one, read from decoder state)
+
+
+@dataclass(slots=True)
+class VerifyStep:
+    """Speculative decoding: a generating request's last token and its drafts, computed as one chunk."""
+
+    request: Request
+    position: int  # position of the last sampled token (the chunk's first)
+    drafts: np.ndarray  # int64 [k], 1 <= k <= K: proposed tokens for positions position + 1 ...
+
+    @property
+    def length(self) -> int:
+        return 1 + len(self.drafts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +70,9 @@ class ScheduledBatch:
     gen_positions: list[int] = field(default_factory=list)  # position of each one's input token
     admitted: list[Request] = field(default_factory=list)  # decoder-state rows to reset before the step
     preempted: list[Request] = field(default_factory=list)  # gave up slot and KV in this schedule
+    # Speculative decoding: generating requests that verify drafts this step, computed after the context
+    # chunks as chunks of their own (their outputs follow every other request's)
+    verify: list[VerifyStep] = field(default_factory=list)
     # (generation rows, of which beam rows): counted once, on first use after scheduling — the step is
     # read several times per iteration, and at batch ~200 each pass costs the simulator ~1%
     _rows: tuple[int, int] | None = None
@@ -71,6 +89,10 @@ class ScheduledBatch:
     @property
     def num_context_tokens(self) -> int:
         return sum(c.length + c.padding for c in self.context)
+
+    @property
+    def num_verify_tokens(self) -> int:
+        return sum(v.length for v in self.verify)
 
     def no_beams(self) -> None:
         """Known to the scheduler: every request here is one row (its executor has no beam search)."""
@@ -99,7 +121,7 @@ class ScheduledBatch:
 
     @property
     def num_tokens(self) -> int:
-        return self.num_context_tokens + self.num_generation_rows
+        return self.num_context_tokens + self.num_verify_tokens + self.num_generation_rows
 
     @property
     def num_padding_tokens(self) -> int:
@@ -133,7 +155,14 @@ class ScheduledBatch:
             kv += read
             pairs += read
         samples = sum(c.request.width for c in self.context if c.samples) + rows
-        work = BatchWork(self.num_context_tokens + rows, samples, kv, pairs, self.num_context_tokens, ctx_kv,
+        # Verification: k + 1 queries read the row's context once (memory-bound, as a decode row: the
+        # generation share, not the context chunks'); every query samples.
+        for v in self.verify:
+            n, end = v.length, v.position + v.length
+            kv += end
+            pairs += n * v.position + n * (n + 1) // 2
+            samples += n
+        work = BatchWork(self.num_tokens, samples, kv, pairs, self.num_context_tokens, ctx_kv,
                          ctx_pairs, len(self.context))
         first = self.context[0].request if self.context else (self.gen_requests[0] if self.gen_requests else None)
         return self._encoder_work(work) if first is not None and first.encoder_len else work
@@ -153,4 +182,4 @@ class ScheduledBatch:
                        cross_kv_read_tokens=cross, cross_attention_pairs=pairs)
 
     def __bool__(self) -> bool:
-        return bool(self.context or self.gen_requests)
+        return bool(self.context or self.gen_requests or self.verify)

@@ -16,6 +16,7 @@ import torch
 
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.draft_tokens import DraftTokens
 from strategies.runtime.buffers.memory import Mirrored
 from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
 from strategies.runtime.buffers.step_io import StepIO
@@ -39,7 +40,7 @@ def script_model(model: LlamaModel) -> torch.nn.Module:
 class Engine:
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream: DeviceStream, *, num_slots: int,
                  max_seq_len: int, max_tokens: int, max_batch: int, num_buffer_sets: int, num_blocks: int,
-                 tokens_per_block: int, max_beam: int = 1) -> None:
+                 tokens_per_block: int, max_beam: int = 1, max_drafts: int = 0) -> None:
         if max_seq_len > cfg.max_position_embeddings:
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
@@ -61,10 +62,14 @@ class Engine:
         self._final_scores = Mirrored(memory, (num_slots, kb), torch.float32)
         slot_modes = np.zeros((num_slots, 2), dtype=bool)  # [S, 2] shared by the sets (StepIO.slot_modes)
         self.buffer_sets = [
-            BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block, cfg.vocab_size, memory),
+            BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block, cfg.vocab_size, memory,
+                                        max_drafts),
                       StepIO(max_batch, MAX_STOP_IDS, memory, slot_modes))
             for i in range(num_buffer_sets)
         ]
+        if max_drafts:  # speculative decoding: each set's verifying rows (buffers/draft_tokens.py)
+            for bufs in self.buffer_sets:
+                bufs.drafts = DraftTokens(max_batch, max_drafts, memory)
         self.fault_at_iteration: int | None = None  # test hook: the device step raises at this iteration
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> KVCachePool | None:
@@ -84,6 +89,8 @@ class Engine:
         order = batch.sampled_requests
         bufs.runtime.fill(batch, block_table, order)
         bufs.step.fill(order, batch.admitted, self.cfg.eos_token_id)
+        if bufs.drafts is not None:
+            bufs.drafts.fill(batch.verify, bufs.step.slot_modes)
         bufs.work = batch.work()
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
@@ -94,6 +101,12 @@ class Engine:
     def outputs(self, bufs: BufferSet) -> list[list[int]]:
         """[token, finish code] per request; valid once the step's work is waited for."""
         return bufs.step.out.host[:len(bufs.step.rows)].tolist()
+
+    def verify_outputs(self, bufs: BufferSet) -> list[list[int]]:
+        """Speculative decoding, per verifying request: K + 1 target tokens, tokens received, finish code,
+        drafts received (``DraftTokens.out``); valid once the step's work is waited for."""
+        d = bufs.drafts
+        return d.out.host[:d.num_rows].tolist() if d is not None else []
 
     def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
         """The finished hypotheses of beam requests the device has finished, best first, each as (tokens,
@@ -129,6 +142,8 @@ class Engine:
         rb, io = bufs.runtime, bufs.step
         rb.upload()
         io.upload()
+        if bufs.drafts is not None:
+            bufs.drafts.upload()
         if io.num_admit:
             a = io.admit.dev[:io.num_admit]
             self.state.admit(a[:, 0], a[:, 1:], io.admit_f.dev[:io.num_admit])
@@ -154,4 +169,10 @@ class Engine:
             self.state.beam_step(rb.logits[row:row + count * width], io.slots.dev[n:n + count],
                                  io.out.dev[n:n + count], width, pool, glen, kv_width)
             row, n = row + count * width, n + count
+        d = bufs.drafts
+        if d is not None and d.num_rows:  # verifying rows follow every other row, K + 1 each
+            k1 = d.k + 1
+            self.state.accept(rb.logits[row:row + d.num_rows * k1], d.slots.dev[:d.num_rows], d.drafts.dev[:d.num_rows],
+                              d.num_drafts.dev[:d.num_rows], d.out.dev[:d.num_rows], d.use_filters, d.any_random)
+            d.download()
         io.download()

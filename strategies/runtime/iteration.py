@@ -55,6 +55,13 @@ class IterationRecord:
     kv_blocks_cached: int = 0  # cached blocks nobody holds: free, but reusable by a prefix hit
     kv_evictions: int = 0  # cached blocks wiped by this iteration's allocations
     preemptions: int = 0  # requests preempted by this iteration's schedule
+    # Speculative decoding (vLLM's counters): verifying requests (each proposed >= 1 draft), their draft
+    # tokens, the drafts requests received (the target agreed, before a stop or the length limit), and
+    # of those, how many at each draft position (0-based).
+    spec_drafts: int = 0
+    spec_draft_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_by_position: tuple[int, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -27,15 +27,17 @@ class RuntimeBuffers:
                   "table_shape")
 
     def __init__(self, max_tokens: int, max_batch: int, max_seq_len: int, tokens_per_block: int, vocab_size: int,
-                 memory: DeviceMemory) -> None:
+                 memory: DeviceMemory, max_drafts: int = 0) -> None:
         max_blocks_per_seq = -(-max_seq_len // tokens_per_block)
         self.max_tokens = max_tokens
+        self.max_drafts = max_drafts  # speculative decoding's K: a verifying request samples K + 1 rows
+        max_rows = max_batch * (1 + max_drafts)
         self.tokens = Mirrored(memory, (max_tokens, 4), torch.int64)  # [T, 4] id, position, slot, page
-        self.rows = Mirrored(memory, (max_batch,), torch.int64)  # [B] packed token of each sampled row
+        self.rows = Mirrored(memory, (max_rows,), torch.int64)  # [B] packed token of each sampled row
         # [R * W] flat, viewed as [R, W] for the step's R requests and W widest row, so that the upload
         # is one contiguous prefix however wide this step's rows are.
         self.block_table = Mirrored(memory, (max_batch * max_blocks_per_seq,), torch.int64)
-        self.logits = memory.zeros((max_batch, vocab_size), torch.float32)  # [B, V]
+        self.logits = memory.zeros((max_rows, vocab_size), torch.float32)  # [B, V]
         self.tokens_per_block = tokens_per_block
         self._arange = np.arange(max_seq_len, dtype=np.int64)
         # Segment metadata travels as host ints: the context loop needs them to shape its kernels.
@@ -86,6 +88,8 @@ class RuntimeBuffers:
                     rows[num_rows] = off + c.length - 1
                     num_rows += 1
             off += n
+        verify_rows = self._fill_verify(batch, table, off, slots) if batch.verify else []
+        off += batch.num_verify_tokens
         self.num_ctx_tokens = off
         gen = batch.gen_requests
         g = len(gen)
@@ -118,11 +122,38 @@ class RuntimeBuffers:
                 at, stride = sampled_at[id(r)]
                 rows[num_rows:num_rows + r.width] = at + stride * self._arange[:r.width]
                 num_rows += r.width
+        if verify_rows:  # after every other request's rows, K + 1 a request (the accept step's layout)
+            rows[num_rows:num_rows + len(verify_rows)] = verify_rows
+            num_rows += len(verify_rows)
+            width = max(width, max(-(-(v.position + v.length) // tokens_per_block) for v in batch.verify))
         self.num_tokens, self.num_samples, self.gen_kmax = off + g, num_rows, kmax
         if g:  # the table rows of every request row, in step order
             slots = np.concatenate((np.array(slots, dtype=np.int64), gen_slots)) if slots else gen_slots
         self.table_shape = (len(slots), width)
         self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = table[slots, :width]
+
+    def _fill_verify(self, batch: ScheduledBatch, table: np.ndarray, off: int, slots: list[int]) -> list[int]:
+        """Speculative decoding: each verifying request's last sampled token and its drafts, packed as a
+        chunk after the context chunks; returns their sampled rows, K + 1 a request (past its drafts the
+        last row again: the accept step never reads those)."""
+        tok, tpb, k1 = self.tokens.np, self.tokens_per_block, self.max_drafts + 1
+        rows: list[int] = []
+        for v in batch.verify:
+            r, n, p = v.request, v.length, v.position
+            pos = self._arange[p:p + n]
+            tok[off, ID] = r.token_ids[p]
+            tok[off + 1:off + n, ID] = v.drafts
+            tok[off:off + n, POSITION] = pos
+            tok[off:off + n, SLOT] = r.slot
+            tok[off:off + n, PAGE] = table[r.slot, pos // tpb] * tpb + pos % tpb
+            self.ctx_starts.append(off)
+            self.ctx_lens.append(n)
+            self.ctx_pos0.append(p)
+            slots.append(r.slot)
+            rows.extend(range(off, off + n))
+            rows.extend([off + n - 1] * (k1 - n))
+            off += n
+        return rows
 
     def upload(self) -> None:
         """Issued on the device stream: the prefixes this step's fill wrote."""

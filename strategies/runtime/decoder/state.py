@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.decoder.accept import accept_drafts
 from strategies.runtime.decoder.beam_search import beam_step
 from strategies.runtime.decoder.sampler import sample
 
@@ -76,6 +77,14 @@ class DecoderState:
                   self.hyp_seq, self.hyp_score, self.hyp_len, self.hyp_done, self.improvable, self.indirection,
                   self.gen_len, self.max_new, self.stop_ids, self.finished, self.length_penalty, self.early_stopping,
                   self.prompt_len, self.last_token)
+
+    def accept(self, logits: torch.Tensor, slots: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor,
+               out: torch.Tensor, use_filters: bool, any_random: bool) -> None:
+        """Speculative decoding: verify each row's drafts, keep what the target agrees with, decide
+        finishes (``decoder/accept.py``). One TorchScript call."""
+        accept_drafts(logits, slots, drafts, num_drafts, out, self.temperature, self.top_k, self.top_p, self.min_p,
+                      self.seed, self.last_token, self.gen_len, self.max_new, self.stop_ids, self.finished, use_filters,
+                      any_random)
 
     def sample(self, logits: torch.Tensor, slots: torch.Tensor, out: torch.Tensor, use_filters: bool,
                any_random: bool) -> None:

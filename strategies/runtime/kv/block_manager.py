@@ -187,6 +187,18 @@ class BlockManager:
         self.held_blocks[slot] = self._hashed[slot] = 0
         self._width[slot], self._shared[slot] = 1, 0
 
+    def trim(self, slot: int, num_tokens: int) -> None:
+        """Give back a one-row slot's blocks past ``num_tokens``: speculative decoding's rejected positions
+        (never registered in the prefix cache: only blocks of tokens the host knows are)."""
+        keep, held = self.blocks_for(num_tokens), self.held_blocks[slot]
+        for i in range(keep, held):
+            b = int(self.table[slot, i])
+            assert b not in self._hash_of, "a block past the computed tokens is never cached"
+            self._ref[b] -= 1
+            if self._ref[b] == 0:
+                self._free.append(b)
+        self.held_blocks[slot] = min(keep, held)
+
     def _take(self, block: int) -> None:
         if self._ref[block] == 0:
             del self._evictable[block]

@@ -66,7 +66,10 @@ class PipelineStream(DeviceStream):
 class PipelineEngine:
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, clock: Clock, nvtx: Nvtx, *, stages: int,
                  timeout_s: float, threads: int, num_slots: int, max_seq_len: int, max_tokens: int, max_batch: int,
-                 num_buffer_sets: int, num_blocks: int, tokens_per_block: int, max_beam: int = 1) -> None:
+                 num_buffer_sets: int, num_blocks: int, tokens_per_block: int, max_beam: int = 1,
+                 max_drafts: int = 0) -> None:
+        if max_drafts:  # the stages would each need the drafts and the accept step; not built
+            raise ValueError("pipeline: speculative decoding is not supported")
         if stages > cfg.num_hidden_layers:
             raise ValueError(f"--pp {stages}: the model has only {cfg.num_hidden_layers} layers")
         self.cfg, self.stages, self.tokens_per_block, self.timeout_s = cfg, stages, tokens_per_block, timeout_s

@@ -1,0 +1,246 @@
+"""Speculative decoding (n-gram drafts): the tokens never change, only how many steps they take.
+
+The references are outside slotbench's speculation: Hugging Face's prompt-lookup candidate generator
+for the drafts, ``generate(prompt_lookup_num_tokens=K)`` and a one-request full recomputation for the
+tokens; the counters are checked against what the requests received, step by step."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from harness.source import TraceSource
+from strategies.config import ExecutorConfig
+from strategies.registry import get_strategy
+from strategies.runtime.engine import script_model
+from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
+from strategies.runtime.request import Request, SamplingParams, Status
+from strategies.runtime.spec.config import SpecConfig
+from strategies.runtime.spec.ngram import propose_ngram
+from tests.util import (
+    TINY64,
+    ListSource,
+    assert_accounted,
+    cli,
+    make_requests,
+    reference_decode,
+    run_strategy,
+    tiny_models,
+)
+
+SPEC = SpecConfig(num_speculative_tokens=4, prompt_lookup_min=1, prompt_lookup_max=3)
+
+
+def test_ngram_drafts_are_hugging_faces_prompt_lookup():
+    """Hugging Face's PromptLookupCandidateGenerator (n-gram sizes max..1, first match) proposes what
+    propose_ngram does, on 400 random sequences over a small alphabet (so that n-grams repeat)."""
+    from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+    rng = np.random.default_rng(1)
+    proposed = 0
+    for _ in range(400):
+        tokens = rng.integers(3, 9, size=int(rng.integers(2, 30)))
+        k, max_n = int(rng.integers(1, 6)), int(rng.integers(1, 4))
+        hf = PromptLookupCandidateGenerator(eos_token_id=torch.tensor([2]), num_output_tokens=k,
+                                            max_matching_ngram_size=max_n, max_length=10_000)
+        ids = torch.tensor([tokens.tolist()])
+        candidates, _ = hf.get_candidates(ids)
+        expected = candidates[0, len(tokens):].tolist()
+        got = propose_ngram(tokens, 1, max_n, k).tolist()
+        assert got == expected, (tokens.tolist(), k, max_n)
+        proposed += bool(got)
+    assert proposed > 200  # the comparison is not between two empty lists
+
+
+def test_ngram_takes_the_longest_suffix_then_its_earliest_occurrence():
+    t = np.array([1, 2, 3, 4, 1, 2, 3, 5, 9, 2, 3])
+    assert propose_ngram(t, 1, 3, 2).tolist() == [4, 1]  # [2, 3] first at 1 (the 3-gram [9, 2, 3] never)
+    assert propose_ngram(t, 3, 3, 2).tolist() == []  # no earlier 3-gram
+    assert propose_ngram(np.array([7, 8, 7]), 1, 2, 5).tolist() == [8, 7]  # may run into the suffix itself
+
+
+def _specs(n: int, seed: int = 0, sampled: bool = False) -> list[tuple[list[int], int, SamplingParams]]:
+    """Prompts that repeat a pattern (n-gram lookup finds drafts), greedy or seeded sampling."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        pattern = rng.integers(3, 512, size=int(rng.integers(2, 6))).tolist()
+        prompt = pattern * int(rng.integers(2, 5)) + rng.integers(3, 512, size=int(rng.integers(0, 4))).tolist()
+        s = SamplingParams(temperature=0.8, top_k=20, seed=i) if sampled and i % 2 else SamplingParams()
+        out.append((prompt, int(rng.integers(4, 40)), s))
+    return out
+
+
+def _spec_totals(strategy) -> tuple[int, int]:
+    return (sum(r.spec_draft_tokens for r in strategy.records), sum(r.spec_accepted_tokens for r in strategy.records))
+
+
+VARIANTS = [
+    {},
+    {"chunked_prefill": False},
+    {"capacity_policy": "max-utilization", "kv_blocks": 24},  # preempts
+    {"prefix_caching": True},
+    {"device_memory": "split"},
+    {"cpu_device": "thread", "device_memory": "split"},
+]
+
+
+@pytest.mark.parametrize("extra", VARIANTS, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "default")
+def test_speculation_changes_no_token(extra):
+    """Greedy and seeded sampling: every request's tokens equal a one-request full recomputation (and so
+    a run without speculation), while drafts were proposed and some accepted."""
+    eager, scripted = tiny_models()
+    specs = _specs(12, seed=3, sampled=True)
+    expected = [reference_decode(eager, TINY64, r) for r in make_requests(specs)]
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=96, tokens_per_block=4, max_num_tokens=32, speculative=SPEC,
+                         **extra)
+    reqs = make_requests(specs)
+    s = run_strategy("inflight", TINY64, scripted, cfg, reqs, keep_open=True)
+    try:
+        assert_accounted(reqs)
+        for r, exp in zip(reqs, expected, strict=True):
+            assert r.status is Status.FINISHED and r.output_token_ids == exp, (extra, r.request_id)
+        proposed, accepted = _spec_totals(s)
+        assert proposed > 0 and 0 < accepted < proposed
+        if extra.get("capacity_policy") == "max-utilization":
+            assert sum(r.preemptions for r in reqs) > 0
+        kv = s.kv  # every block back: free, or cached and reusable
+        assert kv.free_blocks == kv.total_blocks and kv.blocks_in_use == 0
+    finally:
+        s.close()
+
+
+def test_rejected_positions_blocks_go_back_at_once_under_max_utilization():
+    """Under max-utilization a verifying request grows to hold its drafts' positions; once its outputs are
+    read it holds no block past the one its next token needs (checked as every iteration starts)."""
+    _, scripted = tiny_models()
+    reqs = make_requests(_specs(8, seed=11))
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=96, tokens_per_block=2, capacity_policy="max-utilization",
+                         speculative=SPEC)
+    strategy = get_strategy("inflight")(TINY64, scripted, cfg)
+    excess: list[int] = []
+
+    def check(_: int) -> None:
+        for r in strategy.running:
+            if not r.is_prefilling:
+                excess.append(strategy.kv.held(r.slot) - strategy.kv.blocks_for(r.num_computed_tokens + 1))
+
+    strategy.iteration_hook = check
+    try:
+        strategy.run(ListSource(reqs))
+    finally:
+        strategy.close()
+    assert _spec_totals(strategy)[0] > _spec_totals(strategy)[1] > 0 and excess and max(excess) <= 0
+
+
+def test_stops_and_length_limits_inside_a_verified_run():
+    """A stop id, or max_new_tokens, reached among tokens received in one verifying step: the request ends
+    exactly there, as the reference does, never a token past it. Tokens received in one step share
+    their time, which shows the end fell inside such a run."""
+    eager, scripted = tiny_models()
+    base = _specs(16, seed=5)
+    refs = [reference_decode(eager, TINY64, r) for r in make_requests([(p, 40, s) for p, _, s in base])]
+    specs = []
+    for i, ((prompt, _, s), ref) in enumerate(zip(base, refs, strict=True)):
+        cut = 2 + i % max(1, len(ref) - 2)
+        if i % 2:  # a stop id: the token the reference produces at ``cut`` (and never earlier)
+            tok = ref[min(cut, len(ref) - 1)]
+            specs.append((prompt, 40, replace(s, stop_token_ids=(tok,))))
+        else:
+            specs.append((prompt, min(cut + 1, 40), s))
+    expected = [reference_decode(eager, TINY64, r) for r in make_requests(specs)]
+    reqs = make_requests(specs)
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=96, tokens_per_block=4, speculative=SPEC)
+    run_strategy("inflight", TINY64, scripted, cfg, reqs)
+    ended_inside = 0
+    for r, exp in zip(reqs, expected, strict=True):
+        assert r.output_token_ids == exp and r.num_output_tokens <= r.max_new_tokens, r.request_id
+        ended_inside += len(r.token_times_s) > 1 and r.token_times_s[-1] == r.token_times_s[-2]
+    assert ended_inside >= 3
+
+
+def test_rejected_positions_never_reach_the_prefix_cache():
+    """Two-turn sessions with prefix caching: turn 1 reads turn 0's history, prompt and outputs, from the
+    cache — blocks whose keys were written by verifying steps, rejected drafts included, then rewound
+    and rewritten. Turn 1's tokens equal a full recomputation of its whole prompt, so no cached key was
+    a rejected draft's."""
+    eager, scripted = tiny_models()
+    reqs = []
+    for i, (prompt, n, s) in enumerate(_specs(6, seed=7)):
+        reqs.append(Request(f"s{i}t0", np.array(prompt), 30, s, session_id=f"s{i}", turn=0))
+        reqs.append(Request(f"s{i}t1", np.array(prompt[:3]), n, s, session_id=f"s{i}", turn=1))
+    cfg = ExecutorConfig(max_batch_size=3, max_seq_len=160, tokens_per_block=4, prefix_caching=True, kv_blocks=120,
+                         speculative=SPEC)
+    strategy = get_strategy("inflight")(TINY64, scripted, cfg)
+    try:
+        strategy.run(TraceSource(reqs))
+    finally:
+        strategy.close()
+    assert _spec_totals(strategy)[1] > 0
+    for r in reqs:
+        assert r.status is Status.FINISHED
+        alone = Request("ref", r.prompt_token_ids.copy(), r.max_new_tokens, r.sampling)
+        assert r.output_token_ids == reference_decode(eager, TINY64, alone), r.request_id
+        if r.turn:
+            assert r.cached_tokens >= 12, r.request_id
+
+
+def test_prompt_lookup_equals_hugging_face(hf_checkpoint):
+    """A checkpoint run with n-gram speculation gives Hugging Face's generate(prompt_lookup_num_tokens=K)."""
+    path, hf_model = hf_checkpoint
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")
+    model = script_model(load_checkpoint(path, cfg))
+    rng = np.random.default_rng(2)
+    prompts = [(rng.integers(3, 300, size=3).tolist() * 4)[: int(n)] for n in (7, 12, 9, 11)]
+    reqs = make_requests([(p, 20, SamplingParams()) for p in prompts])
+    spec = SpecConfig(num_speculative_tokens=3, prompt_lookup_min=1, prompt_lookup_max=2)
+    run_strategy("inflight", cfg, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, speculative=spec), reqs)
+    for p, r in zip(prompts, reqs, strict=True):
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                                pad_token_id=0, prompt_lookup_num_tokens=3, max_matching_ngram_size=2)
+        assert r.output_token_ids == ref[0, len(p):].tolist()
+
+
+def test_counters_follow_vllms_definitions(tmp_path):
+    """summary.csv's acceptance metrics recomputed from iterations.parquet with vLLM's formulas, and the
+    accepted tokens accounted for: a request receives, per step, one token plus the drafts it accepted."""
+    import pandas as pd
+
+    out = tmp_path / "r"
+    p = cli("run", "--model", "tiny", "--strategies", "inflight", "--num-prompts", "6", "--input-len", "24",
+            "--output-len", "48", "--ignore-eos", "--warmup", "0", "--no-progress", "--speculative-config",
+            '{"method": "ngram", "num_speculative_tokens": 4}', "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    it = pd.read_parquet(out / "inflight" / "iterations.parquet")
+    row = json.loads((out / "summary.json").read_text())[0]
+    drafts, proposed, accepted = (int(it[c].sum()) for c in ("spec_drafts", "spec_draft_tokens",
+                                                             "spec_accepted_tokens"))
+    assert row["spec_draft_tokens"] == proposed and row["spec_accepted_tokens"] == accepted > 0
+    assert row["spec_acceptance_rate"] == pytest.approx(accepted / proposed)
+    assert row["spec_mean_acceptance_length"] == pytest.approx(1 + accepted / drafts)
+    by_pos = np.array(row["spec_acceptance_by_position"])
+    assert len(by_pos) == 4 and (np.diff(by_pos) <= 0).all() and by_pos.sum() * drafts == pytest.approx(accepted)
+    tokens = [json.loads(x) for x in (out / "inflight" / "tokens.jsonl").read_text().splitlines()]
+    steps = sum(len(set(t["times_s"])) for t in tokens)  # each step hands a request its tokens at one time
+    assert sum(len(t["tokens"]) for t in tokens) == steps + accepted
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--speculative-config", "{bad"], "--speculative-config is not JSON"),
+    (["--speculative-config", '{"method": "eagle"}'], "method 'eagle'"),
+    (["--speculative-config", '{"method": "ngram", "k": 3}'], "unknown key(s) k"),
+    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'], "must be in [1, 16]"),
+    (["--speculative-config", '{"method": "ngram"}', "--strategies", "static"], "static does not speculate"),
+    (["--speculative-config", '{"method": "ngram"}', "--beam-width", "2"], "beam search does not speculate"),
+    (["--speculative-config", '{"method": "ngram"}', "--device", "sim"], "does not price verification"),
+])
+def test_bad_speculative_config_is_one_line_exit_2(tmp_path, args, message):
+    base = ["--model", "tiny", "--num-prompts", "2", "--strategies", "inflight"]
+    p = cli("run", *base, *args, "--out", str(tmp_path / "x"))
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
