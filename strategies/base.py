@@ -40,12 +40,15 @@ class Strategy(Executor):
     num_buffer_sets: ClassVar[int] = 1
     separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
     pipeline_stages: ClassVar[int] = 1  # stages the device is split into (the pipeline strategy's --pp)
+    reserves_at_admission: ClassVar[bool] = False  # KV for the whole run taken at admission (static batching)
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:
         super().__init__(model_cfg, model, config, clock)
         self.nvtx = Nvtx(config.instrument)
         c = config
+        # blocks past a rejected draft go back at once, unless they are a reservation the request keeps
+        self.trims_rejected_kv = c.capacity_policy == "max-utilization" and not self.reserves_at_admission
         sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": self.max_tokens_per_step(),
                  "max_batch": c.max_batch_size, "num_buffer_sets": self.num_buffer_sets,
                  "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block, "max_beam": c.max_beam_width,
@@ -280,8 +283,8 @@ class Strategy(Executor):
                     else:
                         self._finish(r, FINISH_REASONS[code])
             if bufs.drafts is not None and bufs.drafts.num_rows:
-                trim = self.kv if self.config.capacity_policy == "max-utilization" else None
-                for r, reason in receive_verified(rec, bufs.drafts, self.engine.verify_outputs(bufs), now, trim):
+                for r, reason in receive_verified(rec, bufs.drafts, self.engine.verify_outputs(bufs), now,
+                                                  self.kv if self.trims_rejected_kv else None):
                     self._finish(r, reason)
             if beams_done:
                 results = self.engine.read_beams(rec.iteration, [r for r, _ in beams_done])

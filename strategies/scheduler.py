@@ -25,7 +25,7 @@ from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ContextChunk, ScheduledBatch, VerifyStep
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request
-from strategies.runtime.spec.ngram import propose_ngram
+from strategies.speculation import propose_drafts
 
 Admit = Callable[[Request, list[int], int], None]  # (request, cached prefix blocks, tokens to reserve)
 Preempt = Callable[[Request], None]
@@ -121,12 +121,8 @@ class IterationScheduler:
         k + 1 positions counted in the budget and in KV blocks before the step (False: no drafts, or no
         room; it then decodes one token as usual). Drafts never reach past max_new_tokens: k <= the tokens
         it may still generate, less the one the target always adds."""
-        spec = self.config.speculative
-        assert spec is not None
-        k = min(spec.num_speculative_tokens, r.max_new_tokens - r.num_output_tokens - 1, budget - 1)
-        if k <= 0 or r.pending_samples:  # the host has not read its last token: nothing to look up from
-            return False
-        drafts = propose_ngram(r.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k)
+        assert self.config.speculative is not None
+        drafts = propose_drafts(r, self.config.speculative, budget)
         if not len(drafts):
             return False
         end = position + 1 + len(drafts)

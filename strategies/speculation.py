@@ -1,4 +1,5 @@
-"""Speculative decoding's postprocess: what each verifying request received, and the KV it gives back.
+"""Speculative decoding on the host: the drafts a request verifies (schedule), then what each verifying
+request received and the KV it gives back (postprocess).
 
 A verifying request computed positions p..p+k (its last token, then its drafts) and receives n tokens
 (the drafts the target agreed with, then the target's own). Keys are valid at p..p+n-1 — the inputs
@@ -10,11 +11,25 @@ guaranteed-no-evict they are the request's reservation and stay.
 
 from __future__ import annotations
 
+import numpy as np
+
 from strategies.runtime.buffers.draft_tokens import DraftTokens
 from strategies.runtime.decoder.state import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request, Status
+from strategies.runtime.spec.config import SpecConfig
+from strategies.runtime.spec.ngram import propose_ngram
+
+
+def propose_drafts(r: Request, spec: SpecConfig, budget: int) -> np.ndarray:
+    """``r``'s drafts for this step (empty: it decodes one token as usual). They never reach past
+    max_new_tokens (at most the tokens it may still generate, less the one the target always adds) nor
+    past the step's remaining token ``budget`` (the row's last token takes one)."""
+    k = min(spec.num_speculative_tokens, r.max_new_tokens - r.num_output_tokens - 1, budget - 1)
+    if k <= 0 or r.pending_samples:  # the host has not read its last token: nothing to look up from
+        return r.token_ids[:0]
+    return propose_ngram(r.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k)
 
 
 def receive_verified(rec: IterationRecord, drafts: DraftTokens, outputs: list[list[int]], now: float,

@@ -22,6 +22,9 @@ from strategies.runtime.iteration import IterationRecord
 class OverlapStrategy(InflightStrategy):
     name = "overlap"
     num_buffer_sets = 2
+    # n-gram drafts for step n + 1 need the tokens step n is still computing, and a verifying request's
+    # next position is known only once its outputs are read (TensorRT-LLM does not overlap n-gram either)
+    speculates = False
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         for r in list(self.running):

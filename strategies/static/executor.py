@@ -13,12 +13,15 @@ from __future__ import annotations
 from collections import deque
 
 from strategies.base import Strategy
-from strategies.runtime.batch import ContextChunk, ScheduledBatch
+from strategies.runtime.batch import ContextChunk, ScheduledBatch, VerifyStep
 from strategies.runtime.request import Request, Status
+from strategies.speculation import propose_drafts
 
 
 class StaticStrategy(Strategy):
     name = "static"
+    speculates = True
+    reserves_at_admission = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -102,9 +105,20 @@ class StaticStrategy(Strategy):
 
     def _decode(self, batch: ScheduledBatch) -> None:
         last = self.config.max_seq_len - 1
+        spec = self.config.speculative
+        budget = self.config.max_num_tokens - len(self.batch)  # room for drafts beside one token per row
         for r in self.batch:  # finished rows too: they are computed and their output discarded
-            batch.add_generation(r, min(r.num_computed_tokens, last))
-            r.num_computed_tokens += 1
+            position = min(r.num_computed_tokens, last)
+            # A running row may verify drafts instead: they stay within its reservation (prompt +
+            # max_new_tokens), as propose_drafts never reaches past max_new_tokens.
+            drafts = propose_drafts(r, spec, budget + 1) if spec and r.status is Status.RUNNING else ()
+            if len(drafts):
+                batch.verify.append(VerifyStep(r, position, drafts))
+                budget -= len(drafts)
+                r.num_computed_tokens = position + 1 + len(drafts)  # rewound to what it receives
+            else:
+                batch.add_generation(r, position)
+                r.num_computed_tokens += 1
             r.pending_samples += 1
 
     def _finish(self, r: Request, reason: str) -> None:
