@@ -40,15 +40,13 @@ class Strategy(Executor):
     num_buffer_sets: ClassVar[int] = 1
     separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
     pipeline_stages: ClassVar[int] = 1  # stages the device is split into (the pipeline strategy's --pp)
-    reserves_at_admission: ClassVar[bool] = False  # KV for the whole run taken at admission (static batching)
+    trims_rejected_kv = False  # blocks past rejected drafts go back at once (else they stay reserved)
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:
         super().__init__(model_cfg, model, config, clock)
         self.nvtx = Nvtx(config.instrument)
         c = config
-        # blocks past a rejected draft go back at once, unless they are a reservation the request keeps
-        self.trims_rejected_kv = c.capacity_policy == "max-utilization" and not self.reserves_at_admission
         sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": self.max_tokens_per_step(),
                  "max_batch": c.max_batch_size, "num_buffer_sets": self.num_buffer_sets,
                  "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block, "max_beam": c.max_beam_width,
@@ -56,8 +54,8 @@ class Strategy(Executor):
         if c.device == "sim":
             from strategies.runtime.sim.build import sim_engine
 
-            assert c.sim is not None
-            self.stream, self.engine = sim_engine(model_cfg, c.sim, self.clock, self.nvtx, sizes, self.pipeline_stages)
+            self.stream, self.engine = sim_engine(model_cfg, c.sim, self.clock, self.nvtx, sizes, self.pipeline_stages,
+                                                  c.speculative)
         elif self.separate_processes:
             self.stream, self.engine = self._process_engine(sizes)
         else:
@@ -210,7 +208,7 @@ class Strategy(Executor):
                 if c.samples:
                     self.slots.prefilled(c.request.slot, iteration)
         rec.num_context_requests = len(batch.context)
-        rec.num_generation_requests = batch.num_generation_rows
+        rec.num_generation_requests = batch.num_generation_rows + len(batch.verify)
         rec.num_beam_rows = batch.num_beam_rows
         rec.num_tokens = batch.num_tokens
         rec.num_padding_tokens = batch.num_padding_tokens

@@ -72,6 +72,11 @@ class ExecutorConfig:
             raise ValueError("--device-memory shared: a CUDA device always has memory of its own (split)")
         if self.speculative is not None and self.max_beam_width > 1:
             raise ValueError("--speculative-config: beam search does not speculate (vLLM refuses it too)")
+        if self.speculative is not None and (self.speculative.acceptance_rate is None) == (self.device == "sim"):
+            raise ValueError("--speculative-config: the simulated device's tokens carry no meaning, so it needs "
+                             "acceptance_rate" if self.device == "sim" else
+                             "--speculative-config acceptance_rate: only the simulated device forces acceptance "
+                             "(a real one accepts what the target model agrees with)")
         if self.device == "sim" and self.device_memory == "split":
             raise ValueError("--device-memory split: the simulated device keeps no tensors of its own")
 

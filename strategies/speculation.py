@@ -29,6 +29,8 @@ def propose_drafts(r: Request, spec: SpecConfig, budget: int) -> np.ndarray:
     k = min(spec.num_speculative_tokens, r.max_new_tokens - r.num_output_tokens - 1, budget - 1)
     if k <= 0 or r.pending_samples:  # the host has not read its last token: nothing to look up from
         return r.token_ids[:0]
+    if spec.acceptance_rate is not None:  # the simulated device decides acceptance: any k tokens will do
+        return np.repeat(r.token_ids[-1:], k)
     return propose_ngram(r.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k)
 
 

@@ -238,7 +238,10 @@ def test_counters_follow_vllms_definitions(tmp_path):
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'], "must be in [1, 16]"),
     (["--speculative-config", '{"method": "ngram"}', "--strategies", "overlap"], "overlap does not speculate"),
     (["--speculative-config", '{"method": "ngram"}', "--beam-width", "2"], "beam search does not speculate"),
-    (["--speculative-config", '{"method": "ngram"}', "--device", "sim"], "does not price verification"),
+    (["--speculative-config", '{"method": "ngram"}', "--device", "sim"], "so it needs acceptance_rate"),
+    (["--speculative-config", '{"method": "ngram", "acceptance_rate": 0.5}'], "only the simulated device forces"),
+    (["--speculative-config", '{"method": "ngram", "acceptance_rate": 1.5}', "--device", "sim"], "must be in [0, 1]"),
+    (["--speculative-config", '{"method": "ngram", "acceptance_rate": "hi"}'], "must be a number"),
 ])
 def test_bad_speculative_config_is_one_line_exit_2(tmp_path, args, message):
     base = ["--model", "tiny", "--num-prompts", "2", "--strategies", "inflight"]

@@ -36,7 +36,9 @@ class IterationRecord:
     waited_before_next_launch: int = 0  # 1 if the host blocked on this step before launching the next
     # What was computed.
     num_context_requests: int = 0  # context chunks (prefill) in the forward
-    num_generation_requests: int = 0  # one-token generation rows (one per beam of a beam request), padding included
+    # generation rows (one per beam of a beam request; a verifying request is one, spec_drafts of them), padding
+    # included
+    num_generation_requests: int = 0
     num_beam_rows: int = 0  # those of them that belong to beam-search requests (K per request)
     num_tokens: int = 0  # tokens computed, padding included
     num_padding_tokens: int = 0  # computed for nothing: pad tokens, rows of requests already finished

@@ -21,7 +21,6 @@ from strategies.speculation import propose_drafts
 class StaticStrategy(Strategy):
     name = "static"
     speculates = True
-    reserves_at_admission = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -61,7 +61,8 @@ def test_speculation_against_batch_size(model, goal_at_1, hf_init_small, tmp_pat
                      spec["spec_mean_acceptance_length"], plain["median_tpot_ms"], spec["median_tpot_ms"]))
     print(f"\n{model}: batch  plain tok/s  spec tok/s  speedup  acceptance  mean length  TPOT ms plain → spec")
     for b, p, s, acc, length, tp, ts in rows:
-        print(f"{model}: {b:5d}  {p:11,.0f}  {s:10,.0f}  {s / p:6.2f}x  {acc:10.1%}  {length:11.2f}  {tp:.2f} → {ts:.2f}")
+        print(f"{model}: {b:5d}  {p:11,.0f}  {s:10,.0f}  {s / p:6.2f}x  {acc:10.1%}  {length:11.2f}  "
+              f"{tp:.2f} → {ts:.2f}")
     losing = [b for b, p, s, *_ in rows if s < p]
     print(f"{model}: speculation stops paying at batch {losing[0]}" if losing
           else f"{model}: speculation pays at every batch size up to {BATCHES[-1]}")

@@ -11,6 +11,7 @@ from strategies.runtime.sim.device import SimPipelineStream, SimStream, VirtualC
 from strategies.runtime.sim.engine import SimEngine
 from strategies.runtime.sim.profile import DeviceProfile
 from strategies.runtime.sim.specs import resolve_model_spec
+from strategies.runtime.spec.config import SpecConfig
 
 
 def cost_model(sim: SimConfig) -> CostModel:
@@ -23,13 +24,17 @@ def virtual_clock(sim: SimConfig) -> VirtualClock:
     return VirtualClock(sim.host_time, sim.host_ms_per_iteration / 1e3, sim.host_us_per_request / 1e6)
 
 
-def sim_engine(model_cfg: ModelConfig, sim: SimConfig, clock: Clock, nvtx: Nvtx, sizes: dict,
-               stages: int = 1) -> tuple[SimStream, SimEngine]:
-    """``stages`` > 1: the device split into pipeline stages (the pipeline strategy)."""
+def sim_engine(model_cfg: ModelConfig, sim: SimConfig | None, clock: Clock, nvtx: Nvtx, sizes: dict,
+               stages: int = 1, spec: SpecConfig | None = None) -> tuple[SimStream, SimEngine]:
+    """``stages`` > 1: the device split into pipeline stages (the pipeline strategy); ``spec``: speculative
+    decoding, whose acceptance the simulated device forces."""
+    assert sim is not None
+    rate = spec.acceptance_rate if spec is not None and spec.acceptance_rate is not None else 0.0
     if not isinstance(clock, VirtualClock):
         raise ValueError("the simulated device needs a VirtualClock (strategies.interface.make_clock)")
     cost = cost_model(sim)
     p = cost.profile
     stream = (SimPipelineStream(clock, nvtx, stages, p.launch_latency_s, p.sync_latency_s) if stages > 1
               else SimStream(clock, nvtx, p.launch_latency_s, p.sync_latency_s))
-    return stream, SimEngine(model_cfg, None, stream, cost=cost, stages=stages, **sizes)
+    return stream, SimEngine(model_cfg, None, stream, cost=cost, stages=stages, acceptance_rate=rate,
+                               **sizes)

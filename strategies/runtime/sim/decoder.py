@@ -8,6 +8,11 @@ deterministic per seed and independent of the batch around it — and the finish
 ends the request with STOP, its ``max_new_tokens``-th token with LENGTH, and a row of a request the device
 already finished is DISCARDED (overlap's one extra step, static's padding rows). Per-slot numpy arrays,
 admitted from the same step inputs the real decoder state reads (``StepIO.admit``).
+
+Speculative decoding (``accept``): a verifying row's target tokens are the same rule's at the steps it
+covers, so a request receives the tokens a run without speculation gives it, only in fewer steps; how
+many drafts it keeps is forced, as TensorRT-LLM's testing knob does: draft j is accepted with probability
+``acceptance_rate`` if every draft before it was (a draw hashed from the seed and step, so reproducible).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from strategies.runtime.decoder.state import DISCARDED
 
 _MUL, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x9E3779B97F4A7C15)
 _S30, _S31 = np.uint64(30), np.uint64(31)
+_MUL2, _S27 = np.uint64(0x94D049BB133111EB), np.uint64(27)
 
 
 def sim_tokens(seeds: np.ndarray, steps: np.ndarray, vocab: int) -> np.ndarray:
@@ -30,6 +36,19 @@ def sim_tokens(seeds: np.ndarray, steps: np.ndarray, vocab: int) -> np.ndarray:
         x *= _MUL
         x ^= x >> _S31
     return (x % np.uint64(vocab)).view(np.int64)
+
+
+def unit_draws(seeds: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) per (seed, step) (uint64 arrays of one shape): splitmix64's whole finaliser, as
+    acceptance draws at neighbouring steps must not correlate (``sim_tokens``' one round leaves them so)."""
+    with np.errstate(over="ignore"):
+        x = (seeds + np.uint64(1)) * _GOLDEN + steps * _MUL  # distinct streams per seed
+        x ^= x >> _S30
+        x *= _MUL
+        x ^= x >> _S27
+        x *= _MUL2
+        x ^= x >> _S31
+    return (x >> np.uint64(11)).astype(np.float64) / float(1 << 53)
 
 
 class SimDecoder:
@@ -65,3 +84,30 @@ class SimDecoder:
         out[:, 0] = tokens
         out[:, 1] = hit_len.view(np.uint8) * np.uint8(2) + hit_stop.view(np.uint8)  # STOP 1 / LENGTH 2 / CONTINUE 0
         out[~active, 1] = DISCARDED
+
+    def accept(self, slots: np.ndarray, num_drafts: np.ndarray, rate: float, out: np.ndarray) -> None:
+        """Verify each row of ``slots [R]`` (``num_drafts [R]`` each, at most K) into ``out [R, K + 4]``: the
+        K + 1 target tokens, tokens received, finish code, drafts received — DraftTokens' layout and the
+        finish rules of the real accept step (``decoder/accept.py``)."""
+        r, k1 = len(slots), out.shape[1] - 3
+        active = ~self.finished[slots]  # [R]
+        gen = self.gen_len[slots]  # [R]
+        steps = gen[:, None] + np.arange(k1, dtype=np.uint64)  # [R, K + 1]
+        seeds = np.broadcast_to(self.seed[slots, None], steps.shape)  # [R, K + 1]
+        target = sim_tokens(seeds.ravel(), steps.ravel(), self.vocab).reshape(r, k1)  # [R, K + 1]
+        u = unit_draws(seeds[:, :-1], steps[:, :-1])  # [R, K] draft j's draw, at step gen + j
+        keep = (u < rate) & (np.arange(k1 - 1) < num_drafts[:, None])  # [R, K]
+        accepted = np.cumprod(keep, axis=1).sum(axis=1)  # [R] leading accepted drafts
+        candidate = np.arange(k1) <= accepted[:, None]  # [R, K + 1]
+        is_stop = (self.stop_ids[slots][:, None, :] == target[:, :, None]).any(axis=2) & candidate  # [R, K + 1]
+        first_stop = np.where(is_stop.any(axis=1), is_stop.argmax(axis=1), k1)  # [R]
+        room = (self.max_new[slots] - gen).astype(np.int64)  # [R]
+        n = np.where(active, np.minimum(np.minimum(accepted + 1, first_stop + 1), room), 0)  # [R]
+        hit_stop = active & (first_stop < n)
+        hit_len = active & ~hit_stop & (n >= room)
+        self.gen_len[slots] = gen + n.astype(np.uint64)
+        self.finished[slots] |= hit_stop | hit_len
+        out[:, :k1] = target
+        out[:, k1] = n
+        out[:, k1 + 1] = np.where(active, hit_len * 2 + hit_stop, DISCARDED)
+        out[:, k1 + 2] = np.minimum(accepted, np.maximum(n - 1, 0))

@@ -36,8 +36,9 @@ def _nothing() -> None:
 
 class SimEngine(Engine):
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, stages: int = 1,
-                 **kwargs) -> None:
+                 acceptance_rate: float = 0.0, **kwargs) -> None:
         self.cost_model = cost
+        self.acceptance_rate = acceptance_rate  # speculative decoding: the forced acceptance (sim/decoder.py)
         self.stages = stages  # pipeline stages the simulated device is split into
         super().__init__(cfg, torch.nn.Module(), stream, **kwargs)
         if cfg.is_encoder_decoder:  # the host fills encoder buffers as on a real device; nothing computes them
@@ -57,12 +58,19 @@ class SimEngine(Engine):
         io = bufs.step
         bufs.runtime.upload()  # as on a device (the simulated device's memory is the host's: no copies)
         io.upload()
+        if bufs.drafts is not None:
+            bufs.drafts.upload()
         if io.num_admit:  # the simulated device's memory is the host's: its buffers' numpy views are its own
             self.state.admit(io.admit.np[:io.num_admit])
 
     def _sample(self, bufs: BufferSet) -> None:
         io = bufs.step
         self.state.step(io.slots.np[:io.num_rows], io.out.np[:io.num_rows])
+        d = bufs.drafts
+        if d is not None and d.num_rows:
+            self.state.accept(d.slots.np[:d.num_rows], d.num_drafts.np[:d.num_rows], self.acceptance_rate,
+                              d.out.np[:d.num_rows])
+            d.download()
         io.download()
 
     def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:

@@ -6,7 +6,7 @@ import json
 from dataclasses import dataclass
 
 METHODS = ("ngram",)
-KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "acceptance_rate")
 
 
 @dataclass(frozen=True)
@@ -15,6 +15,10 @@ class SpecConfig:
     num_speculative_tokens: int = 3  # K: draft tokens a generating row verifies per step, at most
     prompt_lookup_min: int = 1  # shortest suffix n-gram looked up in the request's tokens
     prompt_lookup_max: int = 3  # longest
+    # The simulated device only (slotbench's key, after TensorRT-LLM's testing knob): every generating row
+    # proposes K drafts and each is accepted with this probability while the ones before it were, so
+    # throughput can be studied against batch size and acceptance without a real proposer.
+    acceptance_rate: float | None = None
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -26,6 +30,8 @@ class SpecConfig:
         if not 1 <= self.prompt_lookup_min <= self.prompt_lookup_max:
             raise ValueError(f"--speculative-config needs 1 <= prompt_lookup_min <= prompt_lookup_max, got "
                              f"{self.prompt_lookup_min} and {self.prompt_lookup_max}")
+        if self.acceptance_rate is not None and not 0 <= self.acceptance_rate <= 1:
+            raise ValueError(f"--speculative-config acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
 
 
 def parse_speculative_config(text: str) -> SpecConfig:
@@ -39,7 +45,10 @@ def parse_speculative_config(text: str) -> SpecConfig:
     unknown = set(obj) - set(KEYS)
     if unknown:
         raise ValueError(f"--speculative-config: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(KEYS)}")
-    for key in KEYS[1:]:
+    rate = obj.get("acceptance_rate")
+    if rate is not None and (not isinstance(rate, int | float) or isinstance(rate, bool)):
+        raise ValueError(f"--speculative-config acceptance_rate must be a number, got {rate!r}")
+    for key in KEYS[1:4]:
         if key in obj and not (isinstance(obj[key], int) and not isinstance(obj[key], bool)):
             raise ValueError(f"--speculative-config {key} must be an integer, got {obj[key]!r}")
     if "method" not in obj:
