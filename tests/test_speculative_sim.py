@@ -40,7 +40,7 @@ def _run(tmp_path, name: str, **kw) -> tuple[dict, pd.DataFrame, dict[str, list[
 def test_forced_acceptance_is_geometric_and_changes_no_token(tmp_path, strategy):
     kw = {"strategies": (strategy,), "num_prompts": 120, "request_rate": 20.0, "input_len": 64, "output_len": 96,
           "max_batch_size": 16}  # EOS where the token rule draws it: stops inside verified runs too
-    base, base_it, base_tokens = _run(tmp_path, "plain", **kw)
+    _, base_it, base_tokens = _run(tmp_path, "plain", **kw)
     spec, spec_it, spec_tokens = _run(tmp_path, "spec", speculative_config=_spec(0.6), **kw)
     assert spec_tokens == base_tokens  # same tokens, stops and lengths
     assert spec["spec_drafts"] > 1000 and len(spec_it) < len(base_it)
