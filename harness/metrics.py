@@ -147,16 +147,13 @@ def spec_metrics(it: pd.DataFrame) -> dict:
     """Speculative decoding, vLLM's definitions: acceptance rate = accepted / draft tokens; mean acceptance
     length = 1 + accepted / drafts (tokens a verifying step yields); per position j, accepted at j /
     drafts."""
+    from reports.speculation import acceptance_by_position  # the report draws the same figure
+
     drafts, proposed, accepted = (int(it[c].sum()) for c in ("spec_drafts", "spec_draft_tokens",
                                                              "spec_accepted_tokens"))
-    by_pos = [tuple(x) for x in it["spec_accepted_by_position"] if len(x)]
-    width = max((len(x) for x in by_pos), default=0)
-    per_position = np.zeros(width)
-    for x in by_pos:
-        per_position[:len(x)] += x
     return {"spec_drafts": drafts, "spec_draft_tokens": proposed, "spec_accepted_tokens": accepted,
             "spec_acceptance_rate": accepted / proposed, "spec_mean_acceptance_length": 1 + accepted / drafts,
-            "spec_acceptance_by_position": [float(x) for x in per_position / drafts]}
+            "spec_acceptance_by_position": [float(x) for x in acceptance_by_position(it)]}
 
 
 HOST_PHASES = ("schedule", "prepare", "postprocess")

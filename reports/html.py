@@ -17,6 +17,7 @@ from reports.capacity import capacity_pareto
 from reports.load import load_capacity, load_runs
 from reports.repeats import repeat_table
 from reports.run_data import RunData
+from reports.speculation import speculation
 from reports.tables import overlap_table, ratio_table, summary_table, to_html_table
 
 REPEAT_METRICS = ("output_throughput", "median_ttft_ms", "median_tpot_ms")
@@ -79,6 +80,9 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
         figs.append(("Sweep", sweep))
     figs += [("Latency", figures.latency_cdfs(runs)), ("Over time", figures.over_time(runs)),
              ("KV cache", figures.kv_cache(runs)), ("Padding", figures.padding(runs))]
+    spec = speculation(runs)
+    if spec is not None:
+        figs.append(("Speculative decoding", spec))
     engines = [r for r in runs if any(not it.empty for it in r.iterations.values())][:4]  # a vLLM file has none
     figs += [(f"Iteration timeline: {r.name}", figures.iteration_gantt(r)) for r in engines]
     figs += [(f"Slot occupancy: {r.name}", buffers.slot_occupancy(r)) for r in engines if r.slots]

@@ -17,6 +17,8 @@ import pytest
 
 from harness.app import execute
 from harness.options import RunOptions
+from reports.load import load_runs
+from reports.speculation import speculation
 
 
 def _spec(rate: float, k: int = 4) -> str:
@@ -49,6 +51,12 @@ def test_forced_acceptance_is_geometric_and_changes_no_token(tmp_path, strategy)
         assert p == pytest.approx(0.6 ** (j + 1), abs=0.04), by_position
     # every verifying row is a generating row of its iteration (the batch size counts it)
     assert (spec_it["num_generation_requests"] >= spec_it["spec_drafts"]).all()
+    # the report's figure: the same geometric curve, and TPOT of both runs labelled with and without
+    fig = speculation(load_runs([tmp_path / "plain", tmp_path / "spec"]))
+    curve, bars = fig.data[0], fig.data[1]
+    assert list(curve.x) == [1, 2, 3, 4] and curve.y == pytest.approx([0.6 ** j for j in (1, 2, 3, 4)], abs=0.04)
+    assert list(bars.x) == [f"plain / {strategy} (without)", f"spec / {strategy} (speculative)"]
+    assert bars.y[1] < bars.y[0]  # fewer steps per token: a lower median TPOT
 
 
 def test_verification_pays_where_decoding_is_memory_bound_only(tmp_path):

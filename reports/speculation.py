@@ -1,0 +1,59 @@
+"""Speculative decoding's figure: acceptance by draft position, and TPOT with and without speculation.
+
+Read from documented columns only: iterations.parquet's ``spec_drafts`` and ``spec_accepted_by_position``
+(vLLM's per-position acceptance: drafts accepted at position j over verifying steps), and summary.csv's
+``median_tpot_ms`` / ``p99_tpot_ms``. A strategy whose iterations verified no draft is drawn as "without
+speculation", so runs with and without ``--speculative-config`` in one report sit side by side.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from reports.figures import strategy_colors
+from reports.run_data import RunData
+
+
+def acceptance_by_position(it) -> np.ndarray:
+    """Per draft position j, the share of verifying steps that accepted a draft there ([K], empty if none)."""
+    if "spec_drafts" not in it or it["spec_drafts"].sum() == 0:
+        return np.array([])
+    rows = [np.asarray(x, dtype=float) for x in it["spec_accepted_by_position"] if len(x)]
+    total = np.zeros(max(len(x) for x in rows))
+    for x in rows:
+        total[:len(x)] += x
+    return total / it["spec_drafts"].sum()
+
+
+def speculation(runs: list[RunData]) -> go.Figure | None:
+    """None when no run speculated."""
+    accepted = {(r.name, s): acceptance_by_position(it) for r in runs for s, it in r.iterations.items()}
+    if not any(len(a) for a in accepted.values()):
+        return None
+    fig = make_subplots(rows=1, cols=2, subplot_titles=["Acceptance by draft position (accepted / verifying steps)",
+                                                        "TPOT (ms), median and p99"])
+    colors, multi = strategy_colors(runs), len(runs) > 1
+    for key, a in accepted.items():
+        if len(a):
+            label = f"{key[0]} / {key[1]}" if multi else key[1]
+            fig.add_trace(go.Scatter(x=np.arange(1, len(a) + 1), y=a, mode="lines+markers", name=label,
+                                     line={"color": colors[key]}, legendgroup=label), row=1, col=1)
+    labels, median, p99, bar_colors = [], [], [], []
+    for r in runs:
+        for _, row in r.summary.iterrows():
+            key = (r.name, row["strategy"])
+            with_spec = len(accepted.get(key, ())) > 0
+            labels.append(f"{r.name} / {row['strategy']}" + (" (speculative)" if with_spec else " (without)"))
+            median.append(row.get("median_tpot_ms", np.nan))
+            p99.append(row.get("p99_tpot_ms", np.nan))
+            bar_colors.append(colors.get(key, "#888"))
+    fig.add_trace(go.Bar(x=labels, y=median, name="median TPOT", marker={"color": bar_colors},
+                         showlegend=False), row=1, col=2)
+    fig.add_trace(go.Scatter(x=labels, y=p99, mode="markers", name="p99 TPOT",
+                             marker={"color": "#222", "symbol": "line-ew-open", "size": 18}), row=1, col=2)
+    fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=1)
+    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
+    fig.update_layout(height=440, title="Speculative decoding")
+    return fig
