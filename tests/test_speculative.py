@@ -248,3 +248,42 @@ def test_bad_speculative_config_is_one_line_exit_2(tmp_path, args, message):
     p = cli("run", *base, *args, "--out", str(tmp_path / "x"))
     assert p.returncode == 2 and message in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+def _chi_square_ok(counts: np.ndarray, probs: np.ndarray) -> bool:
+    """Pearson's test at alpha = 0.001 (critical value by Wilson-Hilferty: no scipy here)."""
+    expected = probs * counts.sum()
+    stat = float(((counts - expected) ** 2 / expected).sum())
+    df = len(probs) - 1
+    return stat < df * (1 - 2 / (9 * df) + 3.09 * (2 / (9 * df)) ** 0.5) ** 3
+
+
+def test_sampled_acceptance_is_rejection_sampling():
+    """20,000 seeded rows verify drafts (3, 5) against fixed target distributions p0, p1, p2 at temperature
+    1: the first token received is distributed as p0 whether or not the draft was kept (the definition of
+    speculative sampling), draft 3 is kept with probability p0(3), a rejected draft is followed by the
+    residual p0 without 3, and the second token (given the first draft kept) is distributed as p1."""
+    from strategies.runtime.decoder.accept import accept_drafts
+
+    rows, vocab = 20_000, 8
+    probs = torch.softmax(torch.tensor([[0.5, 1.0, 0.2, 1.5, 0.0, 0.8, -0.5, 0.3],
+                                        [0.1, 0.4, 1.2, 0.0, 0.3, 1.6, 0.2, -0.2],
+                                        [0.0] * vocab], dtype=torch.float64), dim=1)  # [3, V]
+    logits = probs.log().float().repeat(rows, 1)  # [R * 3, V]: each row's positions 0, 1, 2
+    slots = torch.arange(rows)
+    drafts = torch.tensor([[3, 5]]).repeat(rows, 1)
+    out = torch.zeros(rows, 6, dtype=torch.long)
+    per_slot = {"temperature": torch.ones(rows), "top_k": torch.zeros(rows, dtype=torch.long),
+                "top_p": torch.ones(rows), "min_p": torch.zeros(rows), "seed": slots * 7919 + 1}
+    accept_drafts(logits, slots, drafts, torch.full((rows,), 2), out, per_slot["temperature"], per_slot["top_k"],
+                  per_slot["top_p"], per_slot["min_p"], per_slot["seed"], torch.zeros(rows, 1, dtype=torch.long),
+                  torch.zeros(rows, dtype=torch.long), torch.full((rows,), 100), torch.full((rows, 1), -1),
+                  torch.zeros(rows, dtype=torch.bool), False, True)
+    first, second, kept = out[:, 0].numpy(), out[:, 1].numpy(), out[:, 5].numpy()
+    p0, p1 = probs[0].numpy(), probs[1].numpy()
+    assert _chi_square_ok(np.bincount(first, minlength=vocab), p0)
+    assert abs((kept >= 1).mean() - p0[3]) < 3.3 * (p0[3] * (1 - p0[3]) / rows) ** 0.5
+    rejected = first[kept == 0]
+    residual = np.delete(p0, 3) / (1 - p0[3])
+    assert (rejected != 3).all() and _chi_square_ok(np.delete(np.bincount(rejected, minlength=vocab), 3), residual)
+    assert _chi_square_ok(np.bincount(second[kept >= 1], minlength=vocab), p1)
