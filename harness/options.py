@@ -122,8 +122,8 @@ class RunOptions:
                                       "(its tensors within reach of a debugger)", choices=("process", "thread"))
     speculative_config: str | None = _opt(None, "speculative decoding, vLLM's JSON: {\"method\": \"ngram\", "
                                                 "\"num_speculative_tokens\": K, \"prompt_lookup_min\": 1, "
-                                                "\"prompt_lookup_max\": 3} (static, inflight); on --device sim also "
-                                                "\"acceptance_rate\": a, each draft accepted with probability a")
+                                                "\"prompt_lookup_max\": 3} (static, inflight, overlap); on --device "
+                                                "sim also \"acceptance_rate\": a, each draft kept with probability a")
     compile: bool = _opt(True, "run the forward as one TorchScript call")
     instrument: bool = _opt(True, "emit NVTX ranges")
     profile_iters: str | None = _opt(None, "CUDA: iterations A-B bracketed by cudaProfilerStart/Stop")
@@ -190,9 +190,8 @@ class RunOptions:
 
         for name in self.strategies:
             if not get_strategy(name).speculates:
-                raise UserError(f"--speculative-config: {name} does not speculate (static and inflight do; overlap "
-                                "would need the drafts of step n + 1 while step n runs, which n-gram lookup cannot "
-                                "have)")
+                raise UserError(f"--speculative-config: {name} does not speculate (static, inflight and "
+                                "overlap do)")
 
     def sampling_defaults(self) -> SamplingParams:
         """Every request's sampling unless its trace line says otherwise."""

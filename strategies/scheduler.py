@@ -56,8 +56,8 @@ class IterationScheduler:
                     break
                 continue
             slot = r.slot
-            if slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens:
-                continue  # preempted earlier in this loop; or every token it wants is on its way
+            if slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens or r.verifying:
+                continue  # preempted earlier in this loop; every token it wants is on its way; or it verifies
             position = r.num_computed_tokens
             if spec is not None:
                 if self._verify(r, position, budget, running, batch, preempt):
@@ -132,6 +132,7 @@ class IterationScheduler:
         batch.verify.append(VerifyStep(r, position, drafts))
         r.num_computed_tokens = end  # rewound to what the target accepted when the outputs come back
         r.pending_samples += 1
+        r.verifying = True
         return True
 
     def _may_chunk(self, r: Request) -> bool:

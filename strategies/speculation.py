@@ -25,13 +25,22 @@ from strategies.runtime.spec.ngram import propose_ngram
 def propose_drafts(r: Request, spec: SpecConfig, budget: int) -> np.ndarray:
     """``r``'s drafts for this step (empty: it decodes one token as usual). They never reach past
     max_new_tokens (at most the tokens it may still generate, less the one the target always adds) nor
-    past the step's remaining token ``budget`` (the row's last token takes one)."""
-    k = min(spec.num_speculative_tokens, r.max_new_tokens - r.num_output_tokens - 1, budget - 1)
-    if k <= 0 or r.pending_samples:  # the host has not read its last token: nothing to look up from
+    past the step's remaining token ``budget`` (the row's last token takes one).
+
+    Overlap prepares a step while the request's last token is still on the device (pending). The lookup
+    then runs on the tokens before it and continues one token further: the continuation's first token
+    stands for the pending one and the rest are the drafts. Nothing rests on that guess being right: the
+    verifying chunk starts with the real token (read on the device), so the target checks every draft
+    against what truly precedes it; a wrong guess only makes a match unlikely."""
+    if r.pending_samples > 1 or r.verifying:  # a verifying step in flight: its next position is unknown
+        return r.token_ids[:0]
+    k = min(spec.num_speculative_tokens, r.max_new_tokens - r.num_output_tokens - r.pending_samples - 1, budget - 1)
+    if k <= 0:
         return r.token_ids[:0]
     if spec.acceptance_rate is not None:  # the simulated device decides acceptance: any k tokens will do
         return np.repeat(r.token_ids[-1:], k)
-    return propose_ngram(r.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k)
+    found = propose_ngram(r.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k + r.pending_samples)
+    return found[r.pending_samples:]
 
 
 def receive_verified(rec: IterationRecord, drafts: DraftTokens, outputs: list[list[int]], now: float,
@@ -43,6 +52,7 @@ def receive_verified(rec: IterationRecord, drafts: DraftTokens, outputs: list[li
     done: list[tuple[Request, str]] = []
     for r, p, row in zip(drafts.rows, drafts.positions, outputs, strict=True):
         r.pending_samples -= 1
+        r.verifying = False
         n, code, got = row[k1], row[k1 + 1], row[k1 + 2]
         if code == DISCARDED or r.status is not Status.RUNNING:  # finished, or preempted after scheduling
             rec.num_padding_tokens += 1

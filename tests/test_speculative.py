@@ -90,7 +90,7 @@ VARIANTS = [
 
 
 @pytest.mark.parametrize("extra", VARIANTS, ids=lambda e: ",".join(f"{k}={v}" for k, v in e.items()) or "default")
-@pytest.mark.parametrize("name", ["inflight", "static"])
+@pytest.mark.parametrize("name", ["inflight", "static", "overlap"])
 def test_speculation_changes_no_token(name, extra):
     """Greedy and seeded sampling: every request's tokens equal a one-request full recomputation (and so
     a run without speculation), while drafts were proposed and some accepted."""
@@ -236,7 +236,7 @@ def test_counters_follow_vllms_definitions(tmp_path):
     (["--speculative-config", '{"method": "eagle"}'], "method 'eagle'"),
     (["--speculative-config", '{"method": "ngram", "k": 3}'], "unknown key(s) k"),
     (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'], "must be in [1, 16]"),
-    (["--speculative-config", '{"method": "ngram"}', "--strategies", "overlap"], "overlap does not speculate"),
+    (["--speculative-config", '{"method": "ngram"}', "--strategies", "pipeline"], "pipeline does not speculate"),
     (["--speculative-config", '{"method": "ngram"}', "--beam-width", "2"], "beam search does not speculate"),
     (["--speculative-config", '{"method": "ngram"}', "--device", "sim"], "so it needs acceptance_rate"),
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": 0.5}'], "only the simulated device forces"),

@@ -38,7 +38,7 @@ def _run(tmp_path, name: str, **kw) -> tuple[dict, pd.DataFrame, dict[str, list[
     return summary, it, tokens
 
 
-@pytest.mark.parametrize("strategy", ["inflight", "static"])
+@pytest.mark.parametrize("strategy", ["inflight", "static", "overlap"])
 def test_forced_acceptance_is_geometric_and_changes_no_token(tmp_path, strategy):
     kw = {"strategies": (strategy,), "num_prompts": 120, "request_rate": 20.0, "input_len": 64, "output_len": 96,
           "max_batch_size": 16}  # EOS where the token rule draws it: stops inside verified runs too

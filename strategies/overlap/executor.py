@@ -22,9 +22,10 @@ from strategies.runtime.iteration import IterationRecord
 class OverlapStrategy(InflightStrategy):
     name = "overlap"
     num_buffer_sets = 2
-    # n-gram drafts for step n + 1 need the tokens step n is still computing, and a verifying request's
-    # next position is known only once its outputs are read (TensorRT-LLM does not overlap n-gram either)
-    speculates = False
+    # Speculation: a request whose token of step n is still on the device looks up drafts past a guess
+    # of it (speculation.propose_drafts; the device verifies them after the real token); a request
+    # verifying in step n sits step n + 1 out, as its next position is known only once n's outputs are read.
+    speculates = True
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         for r in list(self.running):

@@ -147,6 +147,13 @@ class Engine:
         if io.num_admit:
             a = io.admit.dev[:io.num_admit]
             self.state.admit(a[:, 0], a[:, 1:], io.admit_f.dev[:io.num_admit])
+        d = bufs.drafts
+        if d is not None and d.num_rows:  # a verifying chunk starts with the request's last token, read on the
+            # device as a generation row's is (under overlap the host has not seen it): each chunk's first
+            # token is its first sampled row, K + 1 rows a request, after every other row
+            k1, n = d.k + 1, d.num_rows
+            starts = rb.rows.dev[rb.num_samples - n * k1:rb.num_samples:k1]  # [R]
+            rb.tokens.dev[starts, 0] = self.state.last_token[d.slots.dev[:n], 0]
         self._step_model(bufs)
 
     def _step_model(self, bufs: BufferSet) -> None:

@@ -96,6 +96,7 @@ class Request:
     num_computed_tokens: int = 0  # tokens whose KV is written or launched into the slot's cache
     context_target: int = 0  # tokens to prefill on this admission: prompt + outputs known at admission
     pending_samples: int = 0  # samples launched on the device whose token the host has not read yet
+    verifying: bool = False  # a verifying step is in flight: its next position is known once it is read
     num_output_tokens: int = 0
     token_times_s: list[float] = field(default_factory=list)  # when the host handed each token out
     finish_reason: str | None = None  # "stop", "length", or why it was rejected / failed

@@ -115,6 +115,7 @@ class StaticStrategy(Strategy):
                 batch.verify.append(VerifyStep(r, position, drafts))
                 budget -= len(drafts)
                 r.num_computed_tokens = position + 1 + len(drafts)  # rewound to what it receives
+                r.verifying = True
             else:
                 batch.add_generation(r, position)
                 r.num_computed_tokens += 1

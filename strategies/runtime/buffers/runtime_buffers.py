@@ -141,7 +141,7 @@ class RuntimeBuffers:
         for v in batch.verify:
             r, n, p = v.request, v.length, v.position
             pos = self._arange[p:p + n]
-            tok[off, ID] = r.token_ids[p]
+            tok[off, ID] = -1  # the request's last token: the device writes it from decoder state (Engine)
             tok[off + 1:off + n, ID] = v.drafts
             tok[off:off + n, POSITION] = pos
             tok[off:off + n, SLOT] = r.slot

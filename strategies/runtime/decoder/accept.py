@@ -11,6 +11,10 @@ and on rejection draws from p with d removed, renormalised. Drawing t ~ p and ac
 exactly that (P(accept) = p(d); given t != d, t is distributed as the residual), and it draws the same
 tokens a run without speculation draws, so a seeded request's tokens do not change.
 
+The chunk's first token is the request's last token as the device holds it (the engine writes it from
+decoder state), so the check is exact even when the host proposed the drafts before reading that token
+(overlap: speculation.propose_drafts).
+
 Stop ids and max_new_tokens apply token by token: the row keeps tokens up to and including the first
 stop id, and never more than the request may still generate. Pure tensor code: no host sync.
 """
