@@ -6,7 +6,7 @@ A verifying request computed positions p..p+k (its last token, then its drafts) 
 there equal what the request now holds — so its computed count rewinds to p + n: the rejected positions
 are never read (the next step starts at p + n and overwrites them) and never enter the prefix cache.
 Under max-utilization the blocks past what the next step needs go back to the pool at once; under
-guaranteed-no-evict they are the request's reservation and stay.
+guaranteed-no-evict, and in static batching, they are the request's reservation and stay.
 """
 
 from __future__ import annotations
