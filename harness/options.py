@@ -176,7 +176,7 @@ class RunOptions:
         self.executor_config(self.max_seq_len or self.max_num_tokens)
 
     def speculative(self) -> SpecConfig | None:
-        if self.speculative_config is None:
+        if not self.speculative_config:  # "" is off too: a suite's sweep cannot write None
             return None
         try:
             return parse_speculative_config(self.speculative_config)

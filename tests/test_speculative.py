@@ -287,3 +287,11 @@ def test_sampled_acceptance_is_rejection_sampling():
     residual = np.delete(p0, 3) / (1 - p0[3])
     assert (rejected != 3).all() and _chi_square_ok(np.delete(np.bincount(rejected, minlength=vocab), 3), residual)
     assert _chi_square_ok(np.bincount(second[kept >= 1], minlength=vocab), p1)
+
+
+def test_an_empty_speculative_config_is_off():
+    """A suite's sweep cannot write None in TOML: "" beside a JSON object compares runs without and with."""
+    from harness.options import RunOptions
+
+    assert RunOptions(speculative_config="").speculative() is None
+    assert RunOptions(speculative_config='{"method": "ngram"}').speculative() == SpecConfig()
