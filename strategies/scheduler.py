@@ -150,10 +150,13 @@ class IterationScheduler:
     def _make_room(self, r: Request, tokens: int, running: list[Request], batch: ScheduledBatch,
                    preempt: Preempt) -> bool:
         """Preempt the most recently admitted requests until ``r`` can hold ``tokens``; False if that
-        meant preempting ``r`` itself."""
+        meant preempting ``r`` itself. ``running`` may be the caller's selection (the pipeline passes the
+        requests not in flight): a victim leaves it here, or the next round would pick it again."""
         while not self.kv.can_grow(r.slot, tokens):
             victim = max(running, key=lambda x: x.admitted_seq)
             preempt(victim)
+            if victim in running:
+                running.remove(victim)
             batch.preempted.append(victim)
             if victim is r:
                 return False

@@ -16,7 +16,7 @@ from harness.traces.prompts import ideal_prefix_hit_rate
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
-from strategies.runtime.batch import ContextChunk, GenerationStep
+from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request, SamplingParams, Status
 from strategies.scheduler import IterationScheduler
@@ -289,3 +289,33 @@ def test_overlap_counts_its_extra_row_after_a_stop_as_padding(name):
     assert stopped_early >= 3
     padding = sum(r.num_padding_tokens for r in s.records)
     assert padding == (stopped_early if name == "overlap" else 0)
+
+
+def test_make_room_preempts_each_victim_once_from_a_callers_selection():
+    """The pipeline schedules only the requests not in flight and passes that selection as ``running``;
+    a prefill chunk that needs more blocks than one victim frees makes the scheduler pick again. Each
+    pick must be a new victim, newest first (it once picked the same one forever: a hang in CI)."""
+
+    class Pool:  # a KV pool where each preemption frees one block and the chunk needs three
+        total_blocks, tokens_per_block, free = 16, 4, 0
+
+        def can_grow(self, slot: int, tokens: int) -> bool:
+            return self.free >= 3
+
+    pool = Pool()
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, capacity_policy="max-utilization")
+    scheduler = IterationScheduler(cfg, pool)  # type: ignore[arg-type]
+    reqs = [Request(f"r{i}", np.arange(3, 10), 4, SamplingParams()) for i in range(4)]
+    for i, r in enumerate(reqs):
+        r.admit(i, i, 0)
+    preempted: list[Request] = []
+
+    def preempt(victim: Request) -> None:  # as the executor does, on its own list, not the selection
+        assert victim not in preempted, f"{victim.request_id} preempted twice"
+        preempted.append(victim)
+        pool.free += 1
+
+    selection = list(reqs)
+    batch = ScheduledBatch(0)
+    assert scheduler._make_room(reqs[0], 40, selection, batch, preempt)
+    assert [r.request_id for r in preempted] == ["r3", "r2", "r1"] == [r.request_id for r in batch.preempted]
