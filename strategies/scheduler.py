@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.batch import ContextChunk, ScheduledBatch, VerifyStep
+from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request
 from strategies.speculation import propose_drafts
@@ -61,7 +61,7 @@ class IterationScheduler:
             position = r.num_computed_tokens
             if spec is not None:
                 if self._verify(r, position, budget, running, batch, preempt):
-                    budget -= batch.verify[-1].length
+                    budget -= 1 + len(batch.verify[-1].drafts)
                     continue
                 if r.slot is None:  # preempted to make room for its own drafts
                     continue
@@ -129,7 +129,7 @@ class IterationScheduler:
         if not self.guaranteed and not self._make_room(r, end, running, batch, preempt):
             return False
         self.kv.grow(r.slot, end)
-        batch.verify.append(VerifyStep(r, position, drafts))
+        batch.add_verify(r, position, drafts)
         r.num_computed_tokens = end  # rewound to what the target accepted when the outputs come back
         r.pending_samples += 1
         r.verifying = True

@@ -72,7 +72,8 @@ class ScheduledBatch:
     preempted: list[Request] = field(default_factory=list)  # gave up slot and KV in this schedule
     # Speculative decoding: generating requests that verify drafts this step, computed after the context
     # chunks as chunks of their own (their outputs follow every other request's)
-    verify: list[VerifyStep] = field(default_factory=list)
+    verify: list[VerifyStep] = field(default_factory=list)  # append with ``add_verify``
+    num_verify_tokens: int = 0  # their tokens: last ones and drafts
     # (generation rows, of which beam rows): counted once, on first use after scheduling — the step is
     # read several times per iteration, and at batch ~200 each pass costs the simulator ~1%
     _rows: tuple[int, int] | None = None
@@ -80,6 +81,10 @@ class ScheduledBatch:
     def add_generation(self, r: Request, position: int) -> None:
         self.gen_requests.append(r)
         self.gen_positions.append(position)
+
+    def add_verify(self, r: Request, position: int, drafts: np.ndarray) -> None:
+        self.verify.append(VerifyStep(r, position, drafts))
+        self.num_verify_tokens += 1 + len(drafts)
 
     @property
     def generation(self) -> list[GenerationStep]:
@@ -89,10 +94,6 @@ class ScheduledBatch:
     @property
     def num_context_tokens(self) -> int:
         return sum(c.length + c.padding for c in self.context)
-
-    @property
-    def num_verify_tokens(self) -> int:
-        return sum(v.length for v in self.verify)
 
     def no_beams(self) -> None:
         """Known to the scheduler: every request here is one row (its executor has no beam search)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 
 from strategies.base import Strategy
-from strategies.runtime.batch import ContextChunk, ScheduledBatch, VerifyStep
+from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.request import Request, Status
 from strategies.speculation import propose_drafts
 
@@ -112,7 +112,7 @@ class StaticStrategy(Strategy):
             # max_new_tokens), as propose_drafts never reaches past max_new_tokens.
             drafts = propose_drafts(r, spec, budget + 1) if spec and r.status is Status.RUNNING else ()
             if len(drafts):
-                batch.verify.append(VerifyStep(r, position, drafts))
+                batch.add_verify(r, position, drafts)
                 budget -= len(drafts)
                 r.num_computed_tokens = position + 1 + len(drafts)  # rewound to what it receives
                 r.verifying = True

@@ -88,7 +88,7 @@ class RuntimeBuffers:
                     rows[num_rows] = off + c.length - 1
                     num_rows += 1
             off += n
-        verify_rows = self._fill_verify(batch, table, off, slots) if batch.verify else []
+        verify_rows = self._fill_verify(batch, table, off, slots) if batch.verify else None
         off += batch.num_verify_tokens
         self.num_ctx_tokens = off
         gen = batch.gen_requests
@@ -122,7 +122,7 @@ class RuntimeBuffers:
                 at, stride = sampled_at[id(r)]
                 rows[num_rows:num_rows + r.width] = at + stride * self._arange[:r.width]
                 num_rows += r.width
-        if verify_rows:  # after every other request's rows, K + 1 a request (the accept step's layout)
+        if verify_rows is not None:  # after every other request's rows, K + 1 a request (the accept step's layout)
             rows[num_rows:num_rows + len(verify_rows)] = verify_rows
             num_rows += len(verify_rows)
             width = max(width, max(-(-(v.position + v.length) // tokens_per_block) for v in batch.verify))
@@ -132,28 +132,32 @@ class RuntimeBuffers:
         self.table_shape = (len(slots), width)
         self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = table[slots, :width]
 
-    def _fill_verify(self, batch: ScheduledBatch, table: np.ndarray, off: int, slots: list[int]) -> list[int]:
+    def _fill_verify(self, batch: ScheduledBatch, table: np.ndarray, off: int, slots: list[int]) -> np.ndarray:
         """Speculative decoding: each verifying request's last sampled token and its drafts, packed as a
         chunk after the context chunks; returns their sampled rows, K + 1 a request (past its drafts the
-        last row again: the accept step never reads those)."""
-        tok, tpb, k1 = self.tokens.np, self.tokens_per_block, self.max_drafts + 1
-        rows: list[int] = []
-        for v in batch.verify:
-            r, n, p = v.request, v.length, v.position
-            pos = self._arange[p:p + n]
-            tok[off, ID] = -1  # the request's last token: the device writes it from decoder state (Engine)
-            tok[off + 1:off + n, ID] = v.drafts
-            tok[off:off + n, POSITION] = pos
-            tok[off:off + n, SLOT] = r.slot
-            tok[off:off + n, PAGE] = table[r.slot, pos // tpb] * tpb + pos % tpb
-            self.ctx_starts.append(off)
-            self.ctx_lens.append(n)
-            self.ctx_pos0.append(p)
-            slots.append(r.slot)
-            rows.extend(range(off, off + n))
-            rows.extend([off + n - 1] * (k1 - n))
-            off += n
-        return rows
+        last row again: the accept step never reads those). One numpy pass over all of them."""
+        steps, tok, tpb = batch.verify, self.tokens.np, self.tokens_per_block
+        n = len(steps)
+        lens = np.fromiter((1 + len(v.drafts) for v in steps), np.int64, n)  # [R]
+        pos0 = np.fromiter((v.position for v in steps), np.int64, n)  # [R]
+        row_slots = np.fromiter((v.request.slot for v in steps), np.int64, n)  # [R]
+        starts = off + np.cumsum(lens) - lens  # [R] each chunk's first packed token
+        total = batch.num_verify_tokens
+        within = np.arange(total) - np.repeat(starts - off, lens)  # [N] offset inside its chunk
+        pos = np.repeat(pos0, lens) + within  # [N]
+        span = slice(off, off + total)
+        tok[span, ID] = -1  # a chunk's first: the request's last token, written on the device (Engine)
+        tok[span, ID][within > 0] = np.concatenate([v.drafts for v in steps])
+        tok[span, POSITION] = pos
+        chunk_slots = np.repeat(row_slots, lens)  # [N]
+        tok[span, SLOT] = chunk_slots
+        tok[span, PAGE] = table[chunk_slots, pos // tpb] * tpb + pos % tpb
+        self.ctx_starts.extend(starts.tolist())
+        self.ctx_lens.extend(lens.tolist())
+        self.ctx_pos0.extend(pos0.tolist())
+        slots.extend(row_slots.tolist())
+        k1 = self.max_drafts + 1
+        return (starts[:, None] + np.minimum(np.arange(k1), lens[:, None] - 1)).ravel()  # [R * (K + 1)]
 
     def upload(self) -> None:
         """Issued on the device stream: the prefixes this step's fill wrote."""
