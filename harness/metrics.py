@@ -17,6 +17,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import UserError
+from reports.tables import acceptance_by_position
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
@@ -147,8 +148,6 @@ def spec_metrics(it: pd.DataFrame) -> dict:
     """Speculative decoding, vLLM's definitions: acceptance rate = accepted / draft tokens; mean acceptance
     length = 1 + accepted / drafts (tokens a verifying step yields); per position j, accepted at j /
     drafts."""
-    from reports.speculation import acceptance_by_position  # the report draws the same figure
-
     drafts, proposed, accepted = (int(it[c].sum()) for c in ("spec_drafts", "spec_draft_tokens",
                                                              "spec_accepted_tokens"))
     return {"spec_drafts": drafts, "spec_draft_tokens": proposed, "spec_accepted_tokens": accepted,

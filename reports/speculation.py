@@ -14,17 +14,7 @@ from plotly.subplots import make_subplots
 
 from reports.figures import strategy_colors
 from reports.run_data import RunData
-
-
-def acceptance_by_position(it) -> np.ndarray:
-    """Per draft position j, the share of verifying steps that accepted a draft there ([K], empty if none)."""
-    if "spec_drafts" not in it or it["spec_drafts"].sum() == 0:
-        return np.array([])
-    rows = [np.asarray(x, dtype=float) for x in it["spec_accepted_by_position"] if len(x)]
-    total = np.zeros(max(len(x) for x in rows))
-    for x in rows:
-        total[:len(x)] += x
-    return total / it["spec_drafts"].sum()
+from reports.tables import acceptance_by_position
 
 
 def speculation(runs: list[RunData]) -> go.Figure | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import html
 import math
 
+import numpy as np
 import pandas as pd
 
 KEY_COLUMNS = ["run", "strategy", "completed", "rejected", "failed", "duration_s", "request_throughput",
@@ -81,3 +82,14 @@ def overlap_table(summary: pd.DataFrame) -> pd.DataFrame:
     if "host_hidden_fraction" not in summary:
         return pd.DataFrame()
     return summary[[c for c in OVERLAP_COLUMNS if c in summary.columns]]
+
+
+def acceptance_by_position(it: pd.DataFrame) -> np.ndarray:
+    """Per draft position j, the share of verifying steps that accepted a draft there ([K], empty if none)."""
+    if "spec_drafts" not in it or it["spec_drafts"].sum() == 0:
+        return np.array([])
+    rows = [np.asarray(x, dtype=float) for x in it["spec_accepted_by_position"] if len(x)]
+    total = np.zeros(max(len(x) for x in rows))
+    for x in rows:
+        total[:len(x)] += x
+    return total / it["spec_drafts"].sum()

@@ -61,7 +61,7 @@ class IterationScheduler:
             position = r.num_computed_tokens
             if spec is not None:
                 if self._verify(r, position, budget, running, batch, preempt):
-                    budget -= 1 + len(batch.verify[-1].drafts)
+                    budget -= batch.verify[-1].length
                     continue
                 if r.slot is None:  # preempted to make room for its own drafts
                     continue

@@ -84,7 +84,7 @@ class ScheduledBatch:
 
     def add_verify(self, r: Request, position: int, drafts: np.ndarray) -> None:
         self.verify.append(VerifyStep(r, position, drafts))
-        self.num_verify_tokens += 1 + len(drafts)
+        self.num_verify_tokens += self.verify[-1].length
 
     @property
     def generation(self) -> list[GenerationStep]:

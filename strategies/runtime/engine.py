@@ -140,14 +140,14 @@ class Engine:
     def _forward(self, iteration: int, bufs: BufferSet) -> None:
         self._check_fault(iteration)
         rb, io = bufs.runtime, bufs.step
+        d = bufs.drafts
         rb.upload()
         io.upload()
-        if bufs.drafts is not None:
-            bufs.drafts.upload()
+        if d is not None:
+            d.upload()
         if io.num_admit:
             a = io.admit.dev[:io.num_admit]
             self.state.admit(a[:, 0], a[:, 1:], io.admit_f.dev[:io.num_admit])
-        d = bufs.drafts
         if d is not None and d.num_rows:  # a verifying chunk starts with the request's last token, read on the
             # device as a generation row's is (under overlap the host has not seen it): each chunk's first
             # token is its first sampled row, K + 1 rows a request, after every other row

@@ -88,7 +88,7 @@ class RuntimeBuffers:
                     rows[num_rows] = off + c.length - 1
                     num_rows += 1
             off += n
-        verify_rows = self._fill_verify(batch, table, off, slots) if batch.verify else None
+        verify_rows, verify_width = self._fill_verify(batch, table, off, slots) if batch.verify else (None, 0)
         off += batch.num_verify_tokens
         self.num_ctx_tokens = off
         gen = batch.gen_requests
@@ -125,20 +125,22 @@ class RuntimeBuffers:
         if verify_rows is not None:  # after every other request's rows, K + 1 a request (the accept step's layout)
             rows[num_rows:num_rows + len(verify_rows)] = verify_rows
             num_rows += len(verify_rows)
-            width = max(width, max(-(-(v.position + v.length) // tokens_per_block) for v in batch.verify))
+            width = max(width, verify_width)
         self.num_tokens, self.num_samples, self.gen_kmax = off + g, num_rows, kmax
         if g:  # the table rows of every request row, in step order
             slots = np.concatenate((np.array(slots, dtype=np.int64), gen_slots)) if slots else gen_slots
         self.table_shape = (len(slots), width)
         self.block_table.np[:len(slots) * width].reshape(len(slots), width)[:] = table[slots, :width]
 
-    def _fill_verify(self, batch: ScheduledBatch, table: np.ndarray, off: int, slots: list[int]) -> np.ndarray:
+    def _fill_verify(self, batch: ScheduledBatch, table: np.ndarray, off: int,
+                     slots: list[int]) -> tuple[np.ndarray, int]:
         """Speculative decoding: each verifying request's last sampled token and its drafts, packed as a
         chunk after the context chunks; returns their sampled rows, K + 1 a request (past its drafts the
-        last row again: the accept step never reads those). One numpy pass over all of them."""
+        last row again: the accept step never reads those), and the most blocks a chunk's row of the
+        block table spans. One numpy pass over all of them."""
         steps, tok, tpb = batch.verify, self.tokens.np, self.tokens_per_block
         n = len(steps)
-        lens = np.fromiter((1 + len(v.drafts) for v in steps), np.int64, n)  # [R]
+        lens = np.fromiter((v.length for v in steps), np.int64, n)  # [R]
         pos0 = np.fromiter((v.position for v in steps), np.int64, n)  # [R]
         row_slots = np.fromiter((v.request.slot for v in steps), np.int64, n)  # [R]
         starts = off + np.cumsum(lens) - lens  # [R] each chunk's first packed token
@@ -157,7 +159,8 @@ class RuntimeBuffers:
         self.ctx_pos0.extend(pos0.tolist())
         slots.extend(row_slots.tolist())
         k1 = self.max_drafts + 1
-        return (starts[:, None] + np.minimum(np.arange(k1), lens[:, None] - 1)).ravel()  # [R * (K + 1)]
+        rows = (starts[:, None] + np.minimum(np.arange(k1), lens[:, None] - 1)).ravel()  # [R * (K + 1)]
+        return rows, int(-(-(pos0 + lens).max() // tpb))
 
     def upload(self) -> None:
         """Issued on the device stream: the prefixes this step's fill wrote."""
