@@ -23,6 +23,7 @@ from strategies.runtime.buffers.step_io import StepIO
 from strategies.runtime.decoder.state import DecoderState
 from strategies.runtime.device.stream import DeviceStream, DeviceWork
 from strategies.runtime.kv.pool import KVCachePool
+from strategies.runtime.kv_transfer.staging import KVStaging
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.models.llama import LlamaModel
 from strategies.runtime.request import Request
@@ -40,7 +41,7 @@ def script_model(model: LlamaModel) -> torch.nn.Module:
 class Engine:
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream: DeviceStream, *, num_slots: int,
                  max_seq_len: int, max_tokens: int, max_batch: int, num_buffer_sets: int, num_blocks: int,
-                 tokens_per_block: int, max_beam: int = 1, max_drafts: int = 0) -> None:
+                 tokens_per_block: int, max_beam: int = 1, max_drafts: int = 0, kv_staging_blocks: int = 0) -> None:
         if max_seq_len > cfg.max_position_embeddings:
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
@@ -70,6 +71,9 @@ class Engine:
         if max_drafts:  # speculative decoding: each set's verifying rows (buffers/draft_tokens.py)
             for bufs in self.buffer_sets:
                 bufs.drafts = DraftTokens(max_batch, max_drafts, memory)
+        # Disaggregated serving: the bounded buffer this engine's KV blocks leave or arrive through
+        self.kv_staging = (KVStaging(cfg, kv_staging_blocks, tokens_per_block, memory) if kv_staging_blocks
+                           else None)
         self.fault_at_iteration: int | None = None  # test hook: the device step raises at this iteration
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> KVCachePool | None:
@@ -132,6 +136,16 @@ class Engine:
         self._final_scores.dev[:n] = self.state.hyp_score[slots]
         for m in (self._final_tokens, self._final_lens, self._final_scores):
             m.download(n)
+
+    def kv_send(self, n: int) -> None:
+        """Device piece: the ``n`` blocks listed in the staging buffer, from the pool to its host half."""
+        assert self.kv_staging is not None
+        self.kv_staging.gather(n, self._k, self._v)
+
+    def kv_recv(self, n: int) -> None:
+        """Device piece: the staging buffer's host half into the ``n`` blocks it lists."""
+        assert self.kv_staging is not None
+        self.kv_staging.scatter(n, self._k, self._v)
 
     def _check_fault(self, iteration: int) -> None:
         if self.fault_at_iteration is not None and iteration >= self.fault_at_iteration:

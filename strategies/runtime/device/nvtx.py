@@ -13,8 +13,10 @@ import nvtx
 
 DOMAIN = "slotbench"
 # encode: an encoder–decoder model's encoder piece; finalize: finished beams' hypotheses read back; hold: the
-# device kept busy on purpose (DeviceStream.hold, for checks)
-PHASES = ("schedule", "prepare", "encode", "forward", "sample", "postprocess", "finalize", "hold")
+# device kept busy on purpose (DeviceStream.hold, for checks); kv_send / kv_recv: disaggregated serving's KV
+# transfer pieces (a block chunk through the staging buffer)
+PHASES = ("schedule", "prepare", "encode", "forward", "sample", "postprocess", "finalize", "hold", "kv_send",
+          "kv_recv")
 
 
 class Nvtx:
