@@ -95,6 +95,8 @@ def request_metrics(requests: pd.DataFrame, token_times: dict[str, list[float]],
     itl_all = np.concatenate(itl) if itl else np.array([])
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl_all), ("e2el", e2el)):
         out.update(_stats(name, values, percentiles))
+    if "kv_transfer_ms" in done and done["kv_transfer_ms"].notna().any():
+        out.update(kv_transfer_metrics(done, percentiles))
     if goodput:
         tpot_all = np.zeros(len(done))  # single-token requests count as TPOT 0, as vLLM does
         tpot_all[multi] = tpot
@@ -104,6 +106,17 @@ def request_metrics(requests: pd.DataFrame, token_times: dict[str, list[float]],
         out["request_goodput"] = int(good.sum()) / duration if ok else float("nan")
         # of every request sent (a rejected or failed one meets no SLO): what a capacity search holds to
         out["slo_attainment"] = int(good.sum()) / len(requests) if len(requests) else float("nan")
+    return out
+
+
+def kv_transfer_metrics(done: pd.DataFrame, percentiles: tuple[float, ...]) -> dict:
+    """Disaggregated serving: the KV transfer of each request that moved (start to landing), its bytes, and
+    the wait in the prealloc queue before it (first token read → transfer start: no decode worker had room)."""
+    moved = done[done["kv_transfer_ms"].notna()]
+    out = _stats("kv_transfer", moved["kv_transfer_ms"].to_numpy(), percentiles)
+    out["mean_kv_transfer_bytes"] = float(moved["kv_transfer_bytes"].mean())
+    out.update(_stats("kv_queue", ((moved["kv_transfer_start_s"] - moved["first_token_s"]) * 1e3).to_numpy(),
+                      percentiles))
     return out
 
 
@@ -132,6 +145,11 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
     }
     out["overlap_headroom"] = float(host.mean() / (host.mean() + (it["sample_end_s"] - start).mean()))
     out["host_hidden_fraction"] = host_hidden_fraction(it, start)
+    workers = it["worker"].nunique() if "worker" in it else 1
+    if workers > 1:  # disagg: one device per worker, each busy over its own span
+        out["device_busy_fraction"] = float(np.mean([
+            ((w["sample_end_s"] - s).sum() / (w["sample_end_s"].max() - s.min()))
+            for (_, w), (_, s) in zip(it.groupby("worker"), start.groupby(it["worker"]), strict=True)]))
     bubble = pipeline_bubble_fraction(it)
     if bubble is not None:  # micro-batches overlap on the device: busy is per stage
         out["pipeline_bubble_fraction"] = bubble

@@ -18,6 +18,7 @@ from harness.traces.sessions import SessionShape
 from harness.traces.synthetic import RAMP_STRATEGIES, ramp_rates
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 from strategies.runtime.buffers.memory import MEMORY_MODES
+from strategies.runtime.kv_transfer.config import LINKS_GBPS, DisaggConfig
 from strategies.runtime.request import SamplingParams
 from strategies.runtime.spec.config import SpecConfig, parse_speculative_config
 
@@ -103,6 +104,15 @@ class RunOptions:
     pp: int = _opt(2, "pipeline: stages, each a process with a contiguous range of the model's layers")
     num_micro_batches: int | None = _opt(None, "pipeline: micro-batches in flight (default: --pp)")
     stage_timeout: float = _opt(60.0, "pipeline: seconds a silent stage may take before the run ends")
+    num_replicas: int = _opt(1, "inflight: engines behind a least-outstanding-tokens router (each with the limits "
+                                "above; on sim --tp GPUs each): the equal-GPU baseline for disagg")
+    num_prefill_workers: int = _opt(1, "disagg: context executors, each an engine of its own (on sim: --tp GPUs each)")
+    num_decode_workers: int = _opt(1, "disagg: generation executors, each an engine of its own")
+    kv_transfer_buffer_mb: float = _opt(64.0, "disagg: each worker's KV staging buffer (MiB): a transfer moves in "
+                                              "chunks of it, one transfer at a time per worker")
+    kv_link_gbps: float = _opt(LINKS_GBPS["ib-400g"], "disagg, sim: prefill-to-decode link per GPU in GB/s (H100 "
+                                                      "NVLink 450, 400 Gb/s InfiniBand 50, 100 GbE 12.5)")
+    kv_link_latency_us: float = _opt(10.0, "disagg, sim: link latency per staging-buffer chunk (us)")
     beam_width: int = _opt(1, "beams per request: deterministic beam search, HF's semantics (1: off; a trace "
                               "line's beam_width overrides)")
     length_penalty: float = _opt(1.0, "beam search: a finished beam scores log-prob / generated length ** this")
@@ -145,6 +155,9 @@ class RunOptions:
                 raise UserError(f"--device {self.device}: CUDA is not available on this machine")
         if "pipeline" in self.strategies and self.device.startswith("cuda"):
             raise UserError("pipeline: the stage processes run on the CPU (gloo) or the simulated device here")
+        if self.num_replicas > 1 and set(self.strategies) - {"inflight"}:
+            raise UserError("--num-replicas: only inflight runs several engines (disagg: --num-prefill-workers and "
+                            "--num-decode-workers)")
         peers = [s for s in self.strategies if s.startswith("hf-")]
         if peers and self.device != "cpu":
             raise UserError(f"{peers[0]} runs transformers on the CPU only (--device {self.device})")
@@ -260,38 +273,13 @@ class RunOptions:
                 device_threads=self.device_threads, cpu_device=self.cpu_device, compile=self.compile,
                 instrument=self.instrument,
                 max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
-                stage_timeout_s=self.stage_timeout, sim=self.sim_config(), speculative=self.speculative())
+                stage_timeout_s=self.stage_timeout, sim=self.sim_config(), speculative=self.speculative(),
+                num_replicas=self.num_replicas,
+                disagg=DisaggConfig(self.num_prefill_workers, self.num_decode_workers, self.kv_transfer_buffer_mb,
+                                    self.kv_link_gbps, self.kv_link_latency_us))
         except ValueError as exc:
             raise UserError(str(exc)) from None
 
     @classmethod
     def option_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
-
-    @classmethod
-    def from_mapping(cls, values: dict[str, Any], where: str) -> RunOptions:
-        """From a suite table: unknown keys are named; lists and strings both work for strategies."""
-        known = set(cls.option_names())
-        for key in values:
-            if key not in known:
-                raise UserError(f"{where}: unknown key {key!r}")
-        values = dict(values)
-        if isinstance(values.get("strategies"), str):
-            values["strategies"] = tuple(s.strip() for s in values["strategies"].split(",") if s.strip())
-        elif "strategies" in values:
-            values["strategies"] = tuple(values["strategies"])
-        if "request_rate" in values:
-            values["request_rate"] = float(values["request_rate"])
-        if isinstance(values.get("goodput"), str):
-            values["goodput"] = tuple(values["goodput"].split())
-        types = {f.name: f.type for f in fields(cls)}
-        for key, value in values.items():
-            t = str(types[key])
-            if t.startswith("int") and not (isinstance(value, int) and not isinstance(value, bool)):
-                raise UserError(f"{where}: {key} must be an integer, got {value!r}")
-            if t == "bool" and not isinstance(value, bool):
-                raise UserError(f"{where}: {key} must be true or false, got {value!r}")
-        try:
-            return cls(**values)
-        except TypeError as exc:
-            raise UserError(f"{where}: {exc}") from None

@@ -78,6 +78,10 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
     with ``config.device_threads`` torch threads whatever ran before it, and leaves the process's thread
     count and switch interval as it found them."""
     cls = get_strategy(name)
+    if config.num_replicas > 1:
+        from strategies.fleet import replicated
+
+        cls = replicated(cls)
     with compute_budget(config.device_threads) as threads:
         run = _run(cls, model_cfg, model, config, requests, max_concurrency, warmup, on_end, fault_at_iteration,
                    profile_iters)

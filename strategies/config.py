@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from strategies.runtime.buffers.memory import MEMORY_MODES
 from strategies.runtime.device.factory import CPU_DEVICES
+from strategies.runtime.kv_transfer.config import DisaggConfig
 from strategies.runtime.sim.config import SimConfig
 from strategies.runtime.spec.config import SpecConfig
 
@@ -37,6 +38,8 @@ class ExecutorConfig:
     instrument: bool = True  # NVTX ranges (records are always kept)
     sim: SimConfig | None = None  # the simulated device's settings, when device == "sim"
     speculative: SpecConfig | None = None  # speculative decoding (--speculative-config), None: off
+    num_replicas: int = 1  # inflight: engines behind a router, each with every limit above (strategies/fleet.py)
+    disagg: DisaggConfig = field(default_factory=DisaggConfig)  # the disagg strategy: workers, staging, link
 
     def __post_init__(self) -> None:
         for name in ("max_batch_size", "max_num_tokens", "max_seq_len", "tokens_per_block"):
@@ -45,6 +48,8 @@ class ExecutorConfig:
         if not 1 <= self.max_beam_width <= self.max_batch_size:
             raise ValueError(f"beam width must be in [1, --max-batch-size={self.max_batch_size}]: a request's "
                              f"beams are rows of one batch, got {self.max_beam_width}")
+        if self.num_replicas <= 0:
+            raise ValueError(f"--num-replicas must be positive, got {self.num_replicas}")
         if self.pipeline_stages <= 0 or (self.num_micro_batches is not None and self.num_micro_batches <= 0):
             raise ValueError("--pp and --num-micro-batches must be positive")
         if not self.stage_timeout_s > 0:

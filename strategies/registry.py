@@ -15,6 +15,7 @@ _ENGINES: dict[str, str] = {
     "inflight": "strategies.inflight.executor:InflightStrategy",
     "overlap": "strategies.overlap.executor:OverlapStrategy",
     "pipeline": "strategies.pipeline.executor:PipelineStrategy",
+    "disagg": "strategies.disagg.executor:DisaggStrategy",
     "hf-static": "strategies.peers.hf_static:HFStaticExecutor",
     "hf-cb": "strategies.peers.hf_cb:HFContinuousBatchingExecutor",
 }

@@ -106,16 +106,19 @@ def test_launch_returns_while_the_device_is_busy(name):
     _, scripted = tiny_models()
     cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, device_memory="split", instrument=False)
     s = get_strategy(name)(TINY64, scripted, cfg)
-    launch, launches = s.engine.launch, []
+    launches = []
 
-    def held_launch(iteration, bufs):
-        s.stream.hold(0.5)
-        t = time.perf_counter()
-        work = launch(iteration, bufs)
-        launches.append((time.perf_counter() - t, s.stream.query(work)))
-        return work
+    def held(owner, launch):
+        def held_launch(iteration, bufs):
+            owner.stream.hold(0.5)
+            t = time.perf_counter()
+            work = launch(iteration, bufs)
+            launches.append((time.perf_counter() - t, owner.stream.query(work)))
+            return work
+        return held_launch
 
-    s.engine.launch = held_launch
+    for owner in getattr(s, "workers", [s]):  # a fleet (disagg): every engine of it
+        owner.engine.launch = held(owner, owner.engine.launch)
     reqs = make_requests([(list(range(1, 9 + i)), 6, SamplingParams(ignore_eos=True)) for i in range(6)])
     try:
         s.run(ListSource(reqs))

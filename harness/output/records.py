@@ -6,12 +6,15 @@
   tokens read from the prefix cache instead of computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where
   undefined), session_id and turn (multi-turn sessions: <NA> and 0 outside one; a later turn's input_tokens
   count its history, and a turn its session never sent is rejected with the reason, arriving when the
-  session ended).
+  session ended); kv_transfer_start_s, kv_transfer_end_s, kv_transfer_ms, kv_transfer_bytes (the disagg
+  strategy: when the prompt's KV left the prefill worker and landed on the decode worker, and the bytes moved;
+  NaN and 0 for a request that never moved).
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
 ``slots.parquet`` (one row per slot tenure: a request's hold on a slot from admission to release):
   request_id, slot, width (beams), start_iteration, decode_iteration (first step after the prefill; -1 if it
-  never ended), end_iteration (last step that computed it), end (finished | preempted | running): the
-  fields of ``strategies.runtime.buffers.slots.SlotTenure``.
+  never ended), end_iteration (last step that computed it), end (finished | preempted | running; disagg: handed
+  off | cancelled), worker (fleets: whose slot; "" otherwise): the fields of
+  ``strategies.runtime.buffers.slots.SlotTenure``.
 ``tokens.jsonl``: {"request_id", "tokens": [int], "times_s": [float]} per request. For a beam-search
 request ``tokens`` is the best finished sequence; with num_return_sequences > 1 a ``beams`` list holds
 each returned sequence as {"tokens", "score"} (score: HF's length-penalised log-probability), best first.
@@ -31,7 +34,8 @@ from strategies.runtime.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
                    "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "ttft_ms", "tpot_ms",
-                   "e2el_ms", "session_id", "turn"]
+                   "e2el_ms", "session_id", "turn", "kv_transfer_start_s", "kv_transfer_end_s", "kv_transfer_ms",
+                   "kv_transfer_bytes"]
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
@@ -43,12 +47,15 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         ttft = (first - r.arrival_s) * 1e3
         e2el = (finish - r.arrival_s) * 1e3
         tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else nan
+        kv_start = r.kv_transfer_start_s if r.kv_transfer_start_s is not None else nan
+        kv_end = r.kv_transfer_end_s if r.kv_transfer_end_s is not None else nan
         rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
                      r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
-                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn))
+                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn, kv_start, kv_end,
+                     (kv_end - kv_start) * 1e3, r.kv_transfer_bytes))
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
-                      "cached_tokens": "int64", "turn": "int64", "session_id": "string",
+                      "cached_tokens": "int64", "turn": "int64", "kv_transfer_bytes": "int64", "session_id": "string",
                       "request_id": "string", "status": "string", "finish_reason": "string"})
 
 
@@ -57,12 +64,13 @@ def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
     return pd.DataFrame({c: [getattr(r, c) for r in records] for c in ITERATION_COLUMNS}, columns=ITERATION_COLUMNS)
 
 
-SLOT_COLUMNS = ["request_id", "slot", "width", "start_iteration", "decode_iteration", "end_iteration", "end"]
+SLOT_COLUMNS = ["request_id", "slot", "width", "start_iteration", "decode_iteration", "end_iteration", "end",
+                "worker"]
 
 
 def slots_frame(tenures: list[SlotTenure]) -> pd.DataFrame:
     df = pd.DataFrame({c: [getattr(t, c) for t in tenures] for c in SLOT_COLUMNS}, columns=SLOT_COLUMNS)
-    return df.astype({"request_id": "string", "end": "string", "slot": "int64", "width": "int64",
+    return df.astype({"request_id": "string", "end": "string", "worker": "string", "slot": "int64", "width": "int64",
                       "start_iteration": "int64", "decode_iteration": "int64", "end_iteration": "int64"})
 
 

@@ -139,9 +139,12 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
 
 
 def _per_gpu_and_user(row: dict, opts: RunOptions) -> dict:
-    gpus = opts.tp if opts.device == "sim" else 1
+    # a worker is --tp GPUs on sim (one device otherwise); disagg has P + D of them, --num-replicas N
+    engines = (opts.num_prefill_workers + opts.num_decode_workers if opts.strategies == ("disagg",)
+               else opts.num_replicas)
+    gpus = (opts.tp if opts.device == "sim" else 1) * engines
     tpot = row.get("median_tpot_ms", math.nan)
-    return {"output_throughput": row.get("output_throughput", math.nan),
+    return {"gpus": gpus, "output_throughput": row.get("output_throughput", math.nan),
             "request_goodput": row.get("request_goodput", math.nan),
             "output_tok_s_per_gpu": row.get("output_throughput", math.nan) / gpus,
             "tok_s_per_user": 1e3 / tpot if tpot and not pd.isna(tpot) else math.nan}
@@ -158,6 +161,7 @@ def _capacity_table(targets: dict, brackets: dict, status: dict, points: pd.Data
         at = mine[mine["request_rate"] == rate] if len(mine) and not math.isnan(rate) else mine.iloc[0:0]
         best = at.iloc[0].to_dict() if len(at) else {}
         rows.append({"config": config, "strategy": strategy, "max_rate": rate, "status": st, "runs": len(mine),
-                     **{k: best.get(k, math.nan) for k in ("slo_attainment", "request_goodput", "output_throughput",
-                                                           "output_tok_s_per_gpu", "tok_s_per_user")}})
+                     **{k: best.get(k, math.nan) for k in ("gpus", "slo_attainment", "request_goodput",
+                                                           "output_throughput", "output_tok_s_per_gpu",
+                                                           "tok_s_per_user")}})
     return pd.DataFrame(rows)

@@ -26,8 +26,9 @@ from __future__ import annotations
 import itertools
 import re
 import tomllib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from harness.app import prepare_out
 from harness.errors import UserError
@@ -66,7 +67,7 @@ def load_suite(path: Path) -> tuple[str, str | None, int, list[tuple[str, dict, 
     if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
         raise UserError(f"{path}: repeats must be a positive integer, got {repeats!r}")
     defaults = data.get("defaults", {})
-    RunOptions.from_mapping(defaults, f"{path} [defaults]")  # validate once, up front
+    options_from_mapping(defaults, f"{path} [defaults]")  # validate once, up front
     entries: list[tuple[str, dict]] = []
     sweep = data.get("sweep", {})
     if sweep:
@@ -92,7 +93,7 @@ def load_suite(path: Path) -> tuple[str, str | None, int, list[tuple[str, dict, 
         if safe in seen:
             raise UserError(f"{path}: two runs are named {name!r}")
         seen.add(safe)
-        configs.append((safe, params, RunOptions.from_mapping({**defaults, **params}, f"{path} run {name!r}")))
+        configs.append((safe, params, options_from_mapping({**defaults, **params}, f"{path} run {name!r}")))
     capacity = data.get("capacity")
     if capacity is not None and not isinstance(capacity, dict):
         raise UserError(f"{path}: capacity must be a table ([capacity])")
@@ -120,3 +121,31 @@ def open_out(out: Path, force: bool, resume: bool) -> Path:
         prepare_out(out, force)
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def options_from_mapping(values: dict[str, Any], where: str) -> RunOptions:
+    """From a suite table: unknown keys are named; lists and strings both work for strategies."""
+    known = set(RunOptions.option_names())
+    for key in values:
+        if key not in known:
+            raise UserError(f"{where}: unknown key {key!r}")
+    values = dict(values)
+    if isinstance(values.get("strategies"), str):
+        values["strategies"] = tuple(s.strip() for s in values["strategies"].split(",") if s.strip())
+    elif "strategies" in values:
+        values["strategies"] = tuple(values["strategies"])
+    if "request_rate" in values:
+        values["request_rate"] = float(values["request_rate"])
+    if isinstance(values.get("goodput"), str):
+        values["goodput"] = tuple(values["goodput"].split())
+    types = {f.name: f.type for f in fields(RunOptions)}
+    for key, value in values.items():
+        t = str(types[key])
+        if t.startswith("int") and not (isinstance(value, int) and not isinstance(value, bool)):
+            raise UserError(f"{where}: {key} must be an integer, got {value!r}")
+        if t == "bool" and not isinstance(value, bool):
+            raise UserError(f"{where}: {key} must be true or false, got {value!r}")
+    try:
+        return RunOptions(**values)
+    except TypeError as exc:
+        raise UserError(f"{where}: {exc}") from None

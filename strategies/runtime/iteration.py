@@ -10,6 +10,7 @@ NAN = float("nan")
 @dataclass(slots=True)
 class IterationRecord:
     iteration: int
+    worker: str = ""  # fleets (disagg, replicas): the worker that ran the step (prefill0, decode1, ...), own numbering
     # Host phases of this iteration's step (under overlap, postprocess runs during the next step).
     schedule_start_s: float = NAN
     schedule_end_s: float = NAN

@@ -102,6 +102,11 @@ class Request:
     finish_reason: str | None = None  # "stop", "length", or why it was rejected / failed
     preemptions: int = 0
     admitted_seq: int = -1  # admission order: max-utilization preempts the most recent first
+    # Disaggregated serving: when the prompt's KV left the prefill worker and landed on the decode worker
+    # (run clock), and the bytes moved (whole blocks)
+    kv_transfer_start_s: float | None = None
+    kv_transfer_end_s: float | None = None
+    kv_transfer_bytes: int = 0
     cached_tokens: int = 0  # prompt tokens read from the prefix cache at first admission, not computed
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks (block manager)
     # Beam search's answer, best first: (generated tokens, length-penalised score) of each returned

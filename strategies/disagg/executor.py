@@ -1,0 +1,83 @@
+"""Disaggregated prefill and decode: P context executors and D generation executors, a KV transceiver
+between them (DistServe, Splitwise, Mooncake; TensorRT-LLM's disaggregated serving, vLLM's and SGLang's
+PD disaggregation).
+
+A fleet (``strategies/fleet.py``: one host loop over engines of their own, on one clock) whose arrivals go
+to the prefill workers; a prefill worker's step hands the requests whose first token it read to the
+transceiver's queue, and each time round the loop the transceiver advances its transfers and starts new
+ones (``transceiver.py``). On the simulated device a transfer's end is an event on the virtual clock.
+
+TTFT is when the prefill worker's host reads the first token (TensorRT-LLM's context server returns it);
+the KV transfer then falls between the first and the second token, inside TPOT. Requests on their way to a
+decode worker that died go to another one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from strategies.disagg.transceiver import KVTransceiver, WorkerDied
+from strategies.disagg.workers import DecodeWorker, PrefillWorker
+from strategies.fleet import Fleet, Worker
+from strategies.runtime.kv_transfer.link import LinkModel
+from strategies.runtime.kv_transfer.staging import block_bytes
+from strategies.runtime.request import Request
+
+
+class DisaggStrategy(Fleet):
+    name = "disagg"
+
+    def _build(self) -> None:
+        d = self.config.disagg
+        self.prefill: list[PrefillWorker] = []
+        self.decode: list[DecodeWorker] = []
+        for i in range(d.num_prefill_workers):
+            self.prefill.append(PrefillWorker(self.model_cfg, self.model, self.config, self.clock, index=i))
+            self.workers.append(self.prefill[-1])
+        decode_cfg = replace(self.config, prefix_caching=False)  # prompts arrive by transfer, not from a cache
+        for i in range(d.num_decode_workers):
+            self.decode.append(DecodeWorker(self.model_cfg, self.model, decode_cfg, self.clock, index=i))
+            self.workers.append(self.decode[-1])
+        self.transceiver = self._transceiver()
+
+    def _transceiver(self) -> KVTransceiver:
+        c, d = self.config, self.config.disagg
+        if c.device == "sim":  # the spec's KV; each GPU of a worker's TP group sends its share on its own link
+            cost = self.prefill[0].engine.cost_model
+            nbytes = c.tokens_per_block * cost.kv_bytes_per_token
+            staging = max(1, d.staging_bytes * cost.tp // nbytes)
+            return KVTransceiver(self.clock, c.tokens_per_block, nbytes, staging, LinkModel(d, cost.tp))
+        return KVTransceiver(self.clock, c.tokens_per_block, block_bytes(self.model_cfg, c.tokens_per_block),
+                             self.prefill[0].staging_blocks(), None)
+
+    def entry(self) -> list[Worker]:
+        return [w for w in self.prefill if w in self.alive]
+
+    def inject_fault(self, iteration: int) -> None:
+        """The harness's fault hook: decode worker 0's device fails at its step ``iteration``."""
+        self.decode[0].inject_fault(iteration)
+
+    # --- the transceiver in the fleet's loop ---------------------------------------------------------
+    def _pending(self) -> bool:
+        return self.transceiver.pending()
+
+    def _events_pending(self) -> bool:
+        return bool(self.transceiver.active)
+
+    def _next_event_s(self) -> float:
+        return self.transceiver.next_event_s()
+
+    def _between_steps(self) -> None:
+        try:
+            self.transceiver.poll()
+        except WorkerDied as died:
+            self._died(died.worker, died.cause)
+        self.transceiver.start([w for w in self.decode if w in self.alive])
+
+    def _after_step(self, w: Worker) -> None:
+        if isinstance(w, PrefillWorker):
+            self.transceiver.queue.extend((r, w) for r in w.handoffs)
+            w.handoffs.clear()
+
+    def _forget(self, w: Worker) -> list[Request]:
+        return self.transceiver.drop(w)

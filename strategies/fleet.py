@@ -1,0 +1,251 @@
+"""Several engines behind one host loop: the in-flight strategy's steps on N devices at once.
+
+A fleet's workers are in-flight executors, each with an engine, slots, KV pool and device stream of its own
+(on the simulated device each is a GPU, or a TP group, of its own on one virtual clock). The loop is the
+in-flight loop spread over them: every idle worker schedules and launches its next step, then the host takes
+whichever step finishes first and postprocesses it. Two fleets:
+
+- ``Replicas`` (``--num-replicas N`` with inflight): N colocated engines behind a router that sends each
+  arrival to the replica with the fewest tokens still to compute — the equal-GPU baseline that
+  disaggregated serving is measured against.
+- ``DisaggStrategy`` (``strategies/disagg/``): prefill and decode workers with a KV transceiver between them.
+
+A worker that fails (its device raised) fails its own requests with the reason; the others finish, and the
+run then ends with the first failure (exit 1).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from strategies.config import ExecutorConfig
+from strategies.inflight.executor import InflightStrategy
+from strategies.interface import Executor, ExecutorStalled, RequestSource
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.slots import SlotTenure
+from strategies.runtime.device.clock import Clock
+from strategies.runtime.device.stream import DeviceWork
+from strategies.runtime.iteration import IterationRecord
+from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.request import Request, Status
+
+POLL_S = 2e-4  # real devices, several steps in flight: how often the host looks for one that is done
+
+
+class Worker(InflightStrategy):
+    """An in-flight executor that is one engine of a fleet."""
+
+    role = "replica"
+
+    def __init__(self, *args, index: int = 0, **kwargs) -> None:
+        self.label = f"{self.role}{index}"  # records' ``worker`` column
+        self.next_iteration = 0  # this worker's step count (each worker numbers its own steps)
+        super().__init__(*args, **kwargs)
+
+    def requests(self) -> list[Request]:
+        """Every request this worker holds or queues, whatever its state."""
+        return [*self.waiting, *self.running]
+
+    def load(self) -> int:
+        """Tokens still to compute for what it holds and queues: the router's measure."""
+        return sum(r.context_target - r.num_computed_tokens + r.max_new_tokens - r.num_scheduled_samples
+                   if r.slot is not None else r.prompt_len + r.max_new_tokens for r in self.requests())
+
+    def fail_all(self, reason: str) -> list[Request]:
+        """The worker died: its requests end failed, in the records as they stood."""
+        failed = [r for r in self.requests() if not r.status.terminal]
+        for r in failed:
+            r.end(Status.FAILED, reason)
+        self.waiting.clear()
+        self.running.clear()
+        return failed
+
+
+class Fleet(Executor):
+    """The loop over several workers; subclasses build them and say where arrivals go."""
+
+    def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+                 clock: Clock | None = None) -> None:
+        super().__init__(model_cfg, model, config, clock)
+        if model_cfg.is_encoder_decoder:
+            raise ValueError(f"{self.name}: the workers run decoder-only (Llama-style) models")
+        self.workers: list[Worker] = []
+        try:
+            self._build()
+        except BaseException:
+            self.close()
+            raise
+        self.alive: list[Worker] = list(self.workers)
+        self.error: str | None = None  # the first worker failure
+
+    def _build(self) -> None:
+        """Append the workers to ``self.workers``."""
+        raise NotImplementedError
+
+    def entry(self) -> list[Worker]:
+        """The live workers an arrival may go to."""
+        return self.alive
+
+    # --- interface --------------------------------------------------------------------------------
+    def rejection(self, r: Request) -> str | None:
+        if r.width > 1:
+            return f"{self.name}: beam search is not supported"
+        return self.workers[0].rejection(r)
+
+    def slot_tenures(self) -> list[SlotTenure]:
+        return [t for w in self.workers for t in w.slots.tenures]
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+            for t in w.slots.tenures:
+                t.worker = w.label
+        self.records = sorted((rec for w in self.workers for rec in w.records), key=lambda rec: rec.schedule_start_s)
+
+    def run(self, source: RequestSource) -> None:
+        self.source = source
+        for w in self.workers:
+            w.source = source
+        steps: dict[Worker, tuple] = {}  # worker → (record, device work, buffer set) of its step in flight
+        while self._intake() or steps or self._pending():
+            self._between_steps()
+            for w in self.alive:
+                if w not in steps:
+                    launched = self._launch(w)
+                    if launched is not None:
+                        steps[w] = launched
+            if steps or self._events_pending():
+                w = self._next_done(steps)
+                if w is not None:
+                    self._finish(w, *steps.pop(w))
+            else:  # nothing runs: only an arrival can bring work
+                self._idle()
+        if self.error is not None:
+            raise RuntimeError(self.error)
+
+    # --- hooks (disaggregation's transceiver) ---------------------------------------------------------
+    def _pending(self) -> bool:
+        """Work outside the workers' queues (requests between workers)."""
+        return False
+
+    def _events_pending(self) -> bool:
+        """Something other than a step will happen without the host (a transfer in flight)."""
+        return False
+
+    def _next_event_s(self) -> float:
+        """Simulated device: when the next such event happens."""
+        return float("inf")
+
+    def _between_steps(self) -> None:
+        """Runs each time round the loop, before idle workers schedule."""
+
+    def _after_step(self, w: Worker) -> None:
+        """Runs after ``w``'s step is postprocessed."""
+
+    # --- the loop's parts ---------------------------------------------------------------------------
+    def _intake(self) -> bool:
+        """Route arrived requests to the entry worker with the least work."""
+        assert self.source is not None
+        for r in self.source.poll(self.clock.now()):
+            reason = self.rejection(r)
+            if reason is None:
+                min(self.entry(), key=_load).waiting.append(r)
+            else:
+                self._reject(r, reason)
+        return any(w.waiting or w.running for w in self.alive) or not self.source.exhausted
+
+    def _launch(self, w: Worker) -> tuple | None:
+        rec, batch = w._schedule_phase(w.next_iteration)
+        rec.worker = w.label
+        if not batch:
+            return None
+        bufs = w.engine.buffer_sets[0]
+        w.next_iteration += 1
+        return rec, w._launch(rec, batch, bufs), bufs
+
+    def _finish(self, w: Worker, rec: IterationRecord, work: DeviceWork, bufs: BufferSet) -> None:
+        try:
+            w._wait(rec, work)
+            w._postprocess(rec, bufs)
+        except Exception as exc:  # the worker's device failed: its requests fail, the others go on
+            self._died(w, exc)
+            return
+        self._after_step(w)
+
+    def _next_done(self, steps: dict[Worker, tuple]) -> Worker | None:
+        """The worker whose step to postprocess next, or None when the loop should go round first (another
+        event came first, or an arrival for an idle entry worker)."""
+        assert self.source is not None
+        idle_entry = any(w not in steps for w in self.entry())
+        if self.config.device == "sim":  # every end is known: take the earliest event on the virtual clock
+            ends = {w: max(t for _, t in s[1].times.values()) for w, s in steps.items()}
+            first = min(ends.values(), default=float("inf"))
+            nxt = self.source.next_arrival_s() if idle_entry else None
+            event = self._next_event_s()
+            if nxt is not None and nxt < min(first, event):
+                self.clock.sleep_until(nxt)
+                return None
+            if event < first:
+                self.clock.sleep_until(event)
+                return None
+            return min(ends, key=ends.__getitem__)
+        for w, (_, work, _) in steps.items():
+            if w.stream.query(work):
+                return w
+        if len(steps) == 1 and not self._events_pending() and not idle_entry:
+            return next(iter(steps))  # nothing else can happen before it ends: block on it
+        time.sleep(POLL_S)
+        return None
+
+    def _idle(self) -> None:
+        assert self.source is not None
+        nxt = self.source.next_arrival_s()
+        if nxt is None:
+            raise ExecutorStalled(f"{self.name}: nothing schedulable and nothing arriving")
+        self.clock.sleep_until(nxt)
+
+    def _died(self, w: Worker, exc: BaseException) -> None:
+        reason = f"{w.label} failed: {type(exc).__name__}: {exc}"
+        self.error = self.error or reason
+        self.alive.remove(w)
+        failed = {id(r): r for r in [*self._forget(w), *w.fail_all(reason)]}
+        assert self.source is not None
+        for r in failed.values():
+            if r.status is not Status.FAILED:
+                r.end(Status.FAILED, reason)
+            self.source.on_finished(r)
+        for role in {x.role for x in self.workers}:
+            if not any(x.role == role for x in self.alive):
+                raise RuntimeError(f"{reason}; no {role} worker left")
+
+    def _forget(self, w: Worker) -> list[Request]:
+        """Requests lost with ``w`` outside its own queues (before its queues are failed)."""
+        return []
+
+
+def _load(w: Worker) -> int:
+    return w.load()
+
+
+class Replicas(Fleet):
+    """N colocated in-flight engines behind a least-outstanding-tokens router (``--num-replicas``)."""
+
+    name = "inflight"
+
+    def _build(self) -> None:
+        for i in range(self.config.num_replicas):
+            self.workers.append(Worker(self.model_cfg, self.model, self.config, self.clock, index=i))
+
+    def inject_fault(self, iteration: int) -> None:
+        """The harness's fault hook: replica 0's device fails at its step ``iteration``."""
+        self.workers[0].inject_fault(iteration)
+
+
+def replicated(cls: type[Executor]) -> Callable[..., Executor]:
+    """``cls`` as N replicas (``config.num_replicas``): only the in-flight strategy has a fleet."""
+    if cls is not InflightStrategy:
+        raise ValueError(f"--num-replicas: {cls.name} runs one engine here (inflight runs N)")
+    return Replicas

@@ -1,0 +1,210 @@
+"""Disaggregated prefill and decode (strategy ``disagg``) and its equal-GPU baseline (``--num-replicas``).
+
+The references are outside the strategy: each request decoded alone by full recomputation
+(``reference_decode``), the in-flight strategy on one engine, the link's datasheet arithmetic for the
+simulated transfer time, and the blocks and slots every worker must have back at the end."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from strategies.config import ExecutorConfig
+from strategies.registry import get_strategy
+from strategies.runtime.kv_transfer.config import DisaggConfig
+from strategies.runtime.kv_transfer.staging import KVStaging, block_bytes
+from strategies.runtime.request import SamplingParams, Status
+from tests.util import (
+    TINY64,
+    ListSource,
+    assert_accounted,
+    cli,
+    make_requests,
+    reference_decode,
+    run_strategy,
+    tiny_models,
+)
+
+
+def _specs(n: int = 12, seed: int = 0, prompt: tuple[int, int] = (5, 40)) -> list:
+    """Prompts of mixed lengths; every other request samples (seeded), the rest are greedy."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(3, 60, size=int(rng.integers(*prompt))).tolist(), int(rng.integers(1, 20)),
+             SamplingParams(temperature=0.8 if i % 2 else 0.0, seed=i)) for i in range(n)]
+
+
+def _config(**kw) -> ExecutorConfig:
+    d = {k: kw.pop(k) for k in ("num_prefill_workers", "num_decode_workers", "kv_transfer_buffer_mb") if k in kw}
+    return ExecutorConfig(**{"max_batch_size": 4, "max_seq_len": 64, "max_num_tokens": 32, **kw},
+                          disagg=DisaggConfig(**{"kv_transfer_buffer_mb": 0.001, **d}))
+
+
+def _assert_all_returned(s) -> None:
+    for w in s.workers:
+        assert w.kv.free_blocks == w.kv.total_blocks, (w.label, w.kv.free_blocks)
+        assert w.slots.num_free == w.slots.num_slots, w.label
+
+
+@pytest.mark.parametrize("kw", [
+    {},  # a device process per worker, shared memory
+    {"device_memory": "split"},  # every copy a transfer on the stream, as on CUDA
+    {"cpu_device": "thread"},
+    {"capacity_policy": "max-utilization", "kv_blocks": 6},  # preemption on both sides
+    {"prefix_caching": True},  # on the prefill side
+    {"chunked_prefill": False, "max_num_tokens": 64},
+    {"num_prefill_workers": 2, "num_decode_workers": 2, "kv_transfer_buffer_mb": 1.0},
+], ids=["process", "split", "thread", "preempt", "prefix", "no-chunking", "2p2d"])
+def test_tokens_equal_one_request_alone(kw):
+    """Greedy and seeded-sampling tokens equal each request decoded alone, and every block and slot of
+    every worker is back at the end. The default staging buffer holds one block: transfers take several
+    chunks."""
+    _, model = tiny_models()
+    specs = _specs()
+    if kw.get("prefix_caching"):  # a shared 32-token prefix, read from the prefill side's cache
+        specs = [([7] * 32 + p[:12], n, s) for p, n, s in specs]
+    requests = make_requests(specs)
+    s = run_strategy("disagg", TINY64, model, _config(**kw), requests, keep_open=True)
+    try:
+        _assert_all_returned(s)
+    finally:
+        s.close()
+    assert_accounted(requests)
+    assert all(r.status is Status.FINISHED for r in requests)
+    for r in requests:
+        assert r.output_token_ids == reference_decode(model, TINY64, r), r.request_id
+    moved = [r for r in requests if r.kv_transfer_bytes]
+    assert moved and all(r.kv_transfer_end_s >= r.kv_transfer_start_s >= r.first_token_s for r in moved)
+    assert all(r.num_output_tokens == 1 or r.kv_transfer_bytes for r in requests)  # all that decode moved
+    assert {rec.worker for rec in s.records} >= {"prefill0", "decode0"}
+    if kw.get("kv_blocks"):
+        assert sum(rec.preemptions for rec in s.records) > 0
+    if kw.get("prefix_caching"):
+        assert sum(r.cached_tokens for r in requests) > 0
+
+
+def test_the_kv_really_moves(monkeypatch):
+    """Mutation: a receive that leaves the decode worker's blocks as they were changes the tokens, so the
+    tests above see the transfer (and not a decode worker that somehow recomputes the prompt)."""
+    _, model = tiny_models()
+    monkeypatch.setattr(KVStaging, "scatter", lambda self, n, k, v: None)
+    requests = make_requests([(p, max(n, 8), SamplingParams()) for p, n, _ in _specs()])
+    run_strategy("disagg", TINY64, model, _config(cpu_device="thread"), requests)
+    wrong = [r for r in requests if r.output_token_ids != reference_decode(model, TINY64, r)]
+    assert len(wrong) >= len(requests) // 2
+
+
+def test_a_dead_decode_worker_fails_its_requests_and_the_others_finish():
+    """decode0's device fails at its fourth step: its requests end failed with the reason, requests on
+    their way to it go to decode1, every other request finishes with its reference tokens, and the run
+    then ends with the failure."""
+    _, model = tiny_models()
+    requests = make_requests(_specs(16))
+    s = get_strategy("disagg")(TINY64, model, _config(num_decode_workers=2))
+    s.inject_fault(3)
+    with pytest.raises(RuntimeError, match="decode0 failed: RuntimeError: injected engine fault at iteration 3"):
+        s.run(ListSource(requests))
+    s.close()
+    failed = [r for r in requests if r.status is Status.FAILED]
+    done = [r for r in requests if r.status is Status.FINISHED]
+    assert failed and len(done) > len(requests) // 2 and len(failed) + len(done) == len(requests)
+    assert all(r.finish_reason.startswith("decode0 failed") for r in failed)
+    assert all(r.output_token_ids == reference_decode(model, TINY64, r) for r in done)
+    alive = [w for w in s.workers if w.label != "decode0"]
+    assert all(w.kv.free_blocks == w.kv.total_blocks for w in alive)
+
+
+def test_ctrl_c_exits_130_and_leaves_no_device_process(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--model", "tiny", "--strategies", "disagg",
+                             "--num-prompts", "2000", "--request-rate", "50", "--warmup", "0", "--out",
+                             str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=dict(os.environ))
+    devices: list[int] = []
+    deadline = time.time() + 60
+    while len(devices) < 2 and time.time() < deadline:  # a device process per worker
+        out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True,
+                             text=True).stdout
+        devices = [int(line.split()[0]) for line in out.splitlines() if "process_server" in line]
+        time.sleep(0.2)
+    assert len(devices) == 2
+    time.sleep(2.0)  # serving
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    time.sleep(0.5)
+    left = []
+    for pid in devices:
+        try:
+            os.kill(pid, 0)
+            left.append(pid)
+        except ProcessLookupError:
+            pass
+    assert not left, f"device processes left behind: {left}"
+    req = pd.read_parquet(tmp_path / "r" / "disagg" / "requests.parquet")
+    assert (req["status"] == "finished").any()  # what was measured is kept
+
+
+def test_simulated_transfer_costs_what_the_link_says(tmp_path):
+    """Llama-3-8B on H100s (bf16: 32 layers x 8 KV heads x 128 x 2 bytes x K and V = 128 KiB a token, from
+    its config.json): each transfer takes latency per 64 MiB chunk + bytes / (50 GB/s x 0.85), and never
+    less than bytes / 50 GB/s; a 10x faster link shortens it, and the tokens equal inflight's."""
+    args = ["--device", "sim", "--model-spec", "llama-3-8b", "--gpu", "h100", "--num-prompts", "40",
+            "--request-rate", "4", "--input-len", "2000", "--output-len", "32", "--warmup", "0", "--no-progress"]
+    p = cli("run", *args, "--strategies", "inflight,disagg", "--out", str(tmp_path / "a"))
+    assert p.returncode == 0, p.stderr
+    req = pd.read_parquet(tmp_path / "a" / "disagg" / "requests.parquet")
+    per_token = 2 * 32 * 8 * 128 * 2
+    blocks = -(-req["input_tokens"] // 16)
+    assert (req["kv_transfer_bytes"] == blocks * 16 * per_token).all()
+    chunks = -(-req["kv_transfer_bytes"] // (64 * 2**20))
+    expected_ms = (chunks * 10e-6 + req["kv_transfer_bytes"] / (50e9 * 0.85)) * 1e3
+    assert np.allclose(req["kv_transfer_ms"], expected_ms, rtol=1e-6)
+    assert (req["kv_transfer_ms"] >= req["kv_transfer_bytes"] / 50e9 * 1e3).all()
+    tokens = {name: [json.loads(x)["tokens"] for x in (tmp_path / "a" / name / "tokens.jsonl").read_text().split()]
+              for name in ("inflight", "disagg")}
+    assert tokens["inflight"] == tokens["disagg"]
+    p = cli("run", *args, "--strategies", "disagg", "--kv-link-gbps", "500", "--out", str(tmp_path / "b"))
+    fast = pd.read_parquet(tmp_path / "b" / "disagg" / "requests.parquet")
+    assert fast["kv_transfer_ms"].mean() < req["kv_transfer_ms"].mean() / 5
+    row = json.loads((tmp_path / "a" / "summary.json").read_text())[1]
+    assert row["mean_kv_transfer_ms"] == pytest.approx(req["kv_transfer_ms"].mean())
+
+
+def test_replicas_serve_every_request_with_the_same_tokens():
+    """Two in-flight replicas behind the router: each serves some requests, the tokens are one engine's."""
+    _, model = tiny_models()
+    one, two = make_requests(_specs()), make_requests(_specs())
+    run_strategy("inflight", TINY64, model, _config(), one)
+    from strategies.fleet import replicated
+
+    s = replicated(get_strategy("inflight"))(TINY64, model, _config(num_replicas=2))
+    try:
+        s.run(ListSource(two))
+    finally:
+        s.close()
+    assert [r.output_token_ids for r in one] == [r.output_token_ids for r in two]
+    assert {rec.worker for rec in s.records} == {"replica0", "replica1"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--strategies", "overlap", "--num-replicas", "2"], "--num-replicas: only inflight"),
+    (["--strategies", "disagg", "--num-prefill-workers", "0"], "--num-prefill-workers and --num-decode-workers"),
+    (["--strategies", "disagg", "--kv-link-gbps", "0"], "--kv-link-gbps must be positive"),
+    (["--strategies", "disagg", "--kv-transfer-buffer-mb", "-1"], "--kv-transfer-buffer-mb must be positive"),
+    (["--strategies", "inflight", "--num-replicas", "0"], "--num-replicas must be positive"),
+])
+def test_bad_disagg_options_are_one_line_exit_2(tmp_path, args, message):
+    p = cli("run", "--model", "tiny", "--num-prompts", "2", *args, "--out", str(tmp_path / "x"))
+    assert p.returncode == 2 and message in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists()
+
+
+def test_staging_holds_at_least_one_block():
+    assert block_bytes(TINY64, 16) > 0.001 * 2**20  # the tests' 0.001 MiB buffer: one block a chunk
