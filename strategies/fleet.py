@@ -208,6 +208,8 @@ class Fleet(Executor):
         self.clock.sleep_until(nxt)
 
     def _died(self, w: Worker, exc: BaseException) -> None:
+        if w not in self.alive:  # already failed (a transfer's piece, then its step in flight)
+            return
         reason = f"{w.label} failed: {type(exc).__name__}: {exc}"
         self.error = self.error or reason
         self.alive.remove(w)

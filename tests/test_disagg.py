@@ -26,10 +26,12 @@ from tests.util import (
     TINY64,
     ListSource,
     assert_accounted,
+    child_pids,
     cli,
     make_requests,
     reference_decode,
     run_strategy,
+    still_alive,
     tiny_models,
 )
 
@@ -121,32 +123,51 @@ def test_a_dead_decode_worker_fails_its_requests_and_the_others_finish():
     assert all(w.kv.free_blocks == w.kv.total_blocks for w in alive)
 
 
+def test_a_transfer_that_fails_on_the_receiver_fails_only_that_worker(monkeypatch):
+    """decode0's third receive raises on its device (thread device, so the patch reaches it): decode0 dies
+    with its requests, the transfers it was receiving go to decode1, and every other request finishes
+    with its reference tokens; no transfer is left half-done."""
+    from strategies.runtime.engine import Engine
+
+    _, model = tiny_models()
+    receives: dict[int, int] = {}
+    real = Engine.kv_recv
+
+    def flaky(self, n):
+        receives[id(self)] = receives.get(id(self), 0) + 1
+        if receives[id(self)] == 3 and self is flaky.decode0:
+            raise RuntimeError("link down")
+        return real(self, n)
+
+    monkeypatch.setattr(Engine, "kv_recv", flaky)
+    requests = make_requests(_specs(16))
+    s = get_strategy("disagg")(TINY64, model, _config(num_decode_workers=2, cpu_device="thread"))
+    flaky.decode0 = s.decode[0].engine
+    with pytest.raises(RuntimeError, match="decode0 failed: RuntimeError: link down"):
+        s.run(ListSource(requests))
+    s.close()
+    done = [r for r in requests if r.status is Status.FINISHED]
+    failed = [r for r in requests if r.status is Status.FAILED]
+    assert len(done) + len(failed) == len(requests) and len(done) > len(requests) // 2
+    assert all(r.finish_reason.startswith("decode0 failed") for r in failed)
+    assert all(r.output_token_ids == reference_decode(model, TINY64, r) for r in done)
+    assert not s.transceiver.active and not s.transceiver.queue
+    assert all(w.kv.free_blocks == w.kv.total_blocks for w in s.workers if w.label != "decode0")
+
+
 def test_ctrl_c_exits_130_and_leaves_no_device_process(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--model", "tiny", "--strategies", "disagg",
                              "--num-prompts", "2000", "--request-rate", "50", "--warmup", "0", "--out",
                              str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ))
-    devices: list[int] = []
-    deadline = time.time() + 60
-    while len(devices) < 2 and time.time() < deadline:  # a device process per worker
-        out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True,
-                             text=True).stdout
-        devices = [int(line.split()[0]) for line in out.splitlines() if "process_server" in line]
-        time.sleep(0.2)
+    devices = child_pids(proc, "process_server", 2)  # a device process per worker
     assert len(devices) == 2
     time.sleep(2.0)  # serving
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     time.sleep(0.5)
-    left = []
-    for pid in devices:
-        try:
-            os.kill(pid, 0)
-            left.append(pid)
-        except ProcessLookupError:
-            pass
-    assert not left, f"device processes left behind: {left}"
+    assert not still_alive(devices), f"device processes left behind: {still_alive(devices)}"
     req = pd.read_parquet(tmp_path / "r" / "disagg" / "requests.parquet")
     assert (req["status"] == "finished").any()  # what was measured is kept
 

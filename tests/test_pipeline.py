@@ -24,7 +24,16 @@ from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.pipeline.messages import DIE, HANG
 from strategies.runtime.request import SamplingParams, Status
-from tests.util import TINY64, ListSource, assert_accounted, make_requests, run_strategy, tiny_models
+from tests.util import (
+    TINY64,
+    ListSource,
+    assert_accounted,
+    child_pids,
+    make_requests,
+    run_strategy,
+    still_alive,
+    tiny_models,
+)
 
 pytestmark = pytest.mark.xdist_group("pipeline")  # one worker: its module fixture is built once
 
@@ -170,30 +179,14 @@ def test_ctrl_c_stops_every_stage(tmp_path):
                              "--num-prompts", "400", "--request-rate", "20", "--warmup", "0", "--out",
                              str(tmp_path / "r")], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=dict(os.environ))
-    stages: list[int] = []
-    deadline = time.time() + 60
-    while len(stages) < 2 and time.time() < deadline:  # the stage processes: the CLI's spawned children
-        out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True,
-                             text=True).stdout
-        stages = [int(line.split()[0]) for line in out.splitlines() if "spawn_main" in line]
-        time.sleep(0.2)
+    stages = child_pids(proc, "spawn_main", 2)  # the stage processes: the CLI's spawned children
     assert len(stages) == 2
     time.sleep(2.0)  # serving
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
 
-    def alive() -> list[int]:
-        out = []
-        for pid in stages:
-            try:
-                os.kill(pid, 0)
-                out.append(pid)
-            except ProcessLookupError:
-                pass
-        return out
-
-    assert not alive(), f"stage processes left behind: {alive()}"
+    assert not still_alive(stages), f"stage processes left behind: {still_alive(stages)}"
 
 
 def test_simulated_pipeline_bubbles_as_pipeline_theory_says(tmp_path):

@@ -145,3 +145,27 @@ def wait_for_progress(proc: subprocess.Popen, strategy: str, done: int, timeout_
             if counts and max(counts) >= done:
                 return seen.decode(errors="replace")
     raise AssertionError(f"{strategy} never reached {done} requests; stderr so far: {seen[-500:]!r}")
+
+
+def child_pids(proc: subprocess.Popen, marker: str, count: int, timeout_s: float = 60.0) -> list[int]:
+    """Pids of ``proc``'s children whose command line holds ``marker``, once there are ``count`` of them."""
+    pids: list[int] = []
+    deadline = time.time() + timeout_s
+    while len(pids) < count and time.time() < deadline:
+        out = subprocess.run(["ps", "-ww", "-o", "pid=,args=", "--ppid", str(proc.pid)], capture_output=True,
+                             text=True).stdout
+        pids = [int(line.split()[0]) for line in out.splitlines() if marker in line]
+        time.sleep(0.2)
+    return pids
+
+
+def still_alive(pids: list[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+            out.append(pid)
+        except ProcessLookupError:
+            pass
+    return out
+

@@ -121,8 +121,9 @@ class KVTransceiver:
         return bool(self.queue or self.active)
 
     def poll(self) -> list[Transfer]:
-        """Advance every transfer whose piece is done; return those complete (their KV has landed)."""
-        done = []
+        """Advance every transfer whose piece is done; return those complete (their KV has landed). A piece
+        that failed raises ``WorkerDied`` once the others are advanced and the complete ones handed over."""
+        done, failure = [], None
         now = self.clock.now()
         for t in list(self.active):
             if self.link is not None:
@@ -136,7 +137,8 @@ class KVTransceiver:
                 try:
                     w.stream.wait(t.work)
                 except Exception as exc:
-                    raise WorkerDied(w, exc) from exc
+                    failure = failure or WorkerDied(w, exc)
+                    break
                 if not t.receiving:
                     self._receive(t)
                     continue
@@ -152,6 +154,8 @@ class KVTransceiver:
             r.kv_transfer_end_s = t.end_s if self.link is not None else self.clock.now()
             t.src.sent(r)
             t.dst.received(r)
+        if failure is not None:
+            raise failure
         return done
 
     def drop(self, w: Worker) -> list[Request]:

@@ -19,7 +19,7 @@ from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv_transfer.staging import block_bytes
-from strategies.runtime.request import Request, Status
+from strategies.runtime.request import Request
 
 
 class DisaggWorker(Worker):
@@ -64,12 +64,10 @@ class PrefillWorker(DisaggWorker):
         return [*super().requests(), *self.sending]
 
     def fail_all(self, reason: str) -> list[Request]:
-        failed = [r for r in self.sending if not r.status.terminal]
-        for r in failed:
-            r.end(Status.FAILED, reason)
+        failed = super().fail_all(reason)  # requests() counts the ones being sent
         self.sending.clear()
         self.handoffs.clear()
-        return super().fail_all(reason) + failed
+        return failed
 
 
 class DecodeWorker(DisaggWorker):
@@ -124,8 +122,6 @@ class DecodeWorker(DisaggWorker):
         return [*super().requests(), *self.receiving]
 
     def fail_all(self, reason: str) -> list[Request]:
-        failed = [r for r in self.receiving if not r.status.terminal]
-        for r in failed:
-            r.end(Status.FAILED, reason)
+        failed = super().fail_all(reason)  # requests() counts the ones being received
         self.receiving.clear()
-        return super().fail_all(reason) + failed
+        return failed
