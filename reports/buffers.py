@@ -25,19 +25,21 @@ def _strategies_with(run: RunData, frames: dict[str, pd.DataFrame]) -> list[str]
 
 def slot_occupancy(run: RunData) -> go.Figure:
     """Slot × iteration, one bar per request's prefill and decode in its slot, coloured by request."""
-    strategies = _strategies_with(run, run.slots)
-    titles = []
-    for s in strategies:
-        n = len(run.iterations.get(s, ()))
-        a, b = middle_window(n, SLOT_ITERATIONS)
-        titles.append(s if (a, b) == (0, n) else f"{s}: iterations {a}–{b - 1} of {n} (a window from the middle)")
-    fig = make_subplots(rows=max(len(strategies), 1), cols=1, subplot_titles=titles or ["(no slot records)"],
-                        vertical_spacing=0.1)
+    panels = []  # (title, tenures, iterations): one per strategy, one per engine of a fleet (disagg, replicas)
+    for s in _strategies_with(run, run.slots):
+        slots, its = run.slots[s], run.iterations.get(s, pd.DataFrame())
+        workers = sorted(set(slots["worker"])) if "worker" in slots else [""]
+        for w in workers:
+            t = slots[slots["worker"] == w] if w else slots
+            n = int((its["worker"] == w).sum()) if w and "worker" in its else len(its)
+            a, b = middle_window(n, SLOT_ITERATIONS)
+            name = f"{s} {w}" if w else s
+            panels.append((name if (a, b) == (0, n) else f"{name}: iterations {a}–{b - 1} of {n} (a window from "
+                           "the middle)", t, (a, b)))
+    fig = make_subplots(rows=max(len(panels), 1), cols=1, subplot_titles=[p[0] for p in panels] or
+                        ["(no slot records)"], vertical_spacing=0.1 if len(panels) < 6 else 0.3 / len(panels))
     shown: set[str] = set()
-    for row, s in enumerate(strategies, start=1):
-        t = run.slots[s]
-        n = len(run.iterations.get(s, ()))
-        a, b = middle_window(n, SLOT_ITERATIONS)
+    for row, (_, t, (a, b)) in enumerate(panels, start=1):
         t = t[(t["end_iteration"] >= a) & (t["start_iteration"] < b) & (t["end_iteration"] >= t["start_iteration"])]
         color = np.array(REQUEST_COLORS)[np.arange(len(t)) % len(REQUEST_COLORS)]  # tenures in admission order
         decode_from = t["decode_iteration"].where(t["decode_iteration"] >= 0, t["end_iteration"] + 1)
@@ -76,7 +78,7 @@ def slot_occupancy(run: RunData) -> go.Figure:
         fig.update_xaxes(title_text="iteration", row=row, col=1)
     fig.update_layout(title=f"Slot occupancy: which request holds each slot ({run.name}; colour: request, "
                             "hatched: prefill, crossed: beam search, ×: preempted)",
-                      barmode="overlay", bargap=0.15, height=max(320, 300 * len(strategies)))
+                      barmode="overlay", bargap=0.15, height=max(320, 300 * len(panels)))
     return fig
 
 

@@ -229,3 +229,70 @@ def test_bad_disagg_options_are_one_line_exit_2(tmp_path, args, message):
 
 def test_staging_holds_at_least_one_block():
     assert block_bytes(TINY64, 16) > 0.001 * 2**20  # the tests' 0.001 MiB buffer: one block a chunk
+
+
+def test_capacity_search_replays_a_trace_at_each_rate_and_counts_every_gpu(tmp_path):
+    """A [capacity] search over a replayed trace (bursty: pairs of requests 10 ms apart, pairs 1 s apart)
+    reaches each rate by --time-scale: every evaluated run's mean arrival rate is the rate searched, and its
+    arrival pattern is the trace's, scaled. Per-GPU throughput divides by every GPU of the configuration."""
+    from harness.suite.run import run_suite
+
+    lines = [{"arrival_s": (i // 2) * 1.0 + (i % 2) * 0.01, "input_tokens": 1024, "output_tokens": 32}
+             for i in range(40)]
+    (tmp_path / "t.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    (tmp_path / "cap.toml").write_text(f"""
+name = "cap"
+[defaults]
+device = "sim"
+gpu = "h100"
+model_spec = "llama-3-8b"
+trace = "{tmp_path / 't.jsonl'}"
+ignore_eos = true
+host_time = "modelled"
+max_seq_len = 2048
+warmup = 0
+[capacity]
+goodput = ["ttft:400", "tpot:40"]
+rate_lo = 0.5
+rate_hi = 256.0
+tolerance = 0.5
+[[runs]]
+name = "two"
+strategies = ["inflight"]
+num_replicas = 2
+[[runs]]
+name = "pd"
+strategies = ["disagg"]
+""")
+    code, out, _ = run_suite(tmp_path / "cap.toml", tmp_path / "out", progress=False)
+    assert code == 0
+    points = pd.read_csv(out / "capacity_points.csv")
+    natural = 39 / 19.01  # 40 arrivals over 19.01 s
+    for p in points.itertuples():
+        req = pd.read_parquet(out / f"{p.config}@rate={p.request_rate:.8g}" / p.config.split(".")[1]
+                              / "requests.parquet").sort_values("arrival_s")
+        arrivals = req["arrival_s"].to_numpy()
+        assert (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) == pytest.approx(p.request_rate, rel=1e-6)
+        assert arrivals[1] - arrivals[0] == pytest.approx(0.01 * natural / p.request_rate, rel=1e-6)
+    table = pd.read_csv(out / "capacity.csv").set_index("config")
+    assert (table["gpus"] == 2).all() and (table["status"] == "bracketed").all()
+    assert table.loc["pd", "output_tok_s_per_gpu"] == pytest.approx(table.loc["pd", "output_throughput"] / 2)
+
+
+def test_records_timeline_and_report_show_each_engine(tmp_path):
+    """A disagg run's files: iterations and slot tenures name their engine, the Perfetto timeline has a
+    device lane per engine, and the report's slot occupancy has a panel per engine (the slots of two
+    engines are different slots)."""
+    out = tmp_path / "r"
+    p = cli("run", "--model", "tiny", "--strategies", "disagg", "--num-prompts", "8", "--warmup", "0",
+            "--no-progress", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    it = pd.read_parquet(out / "disagg" / "iterations.parquet")
+    slots = pd.read_parquet(out / "disagg" / "slots.parquet")
+    assert set(it["worker"]) == set(slots["worker"]) == {"prefill0", "decode0"}
+    assert set(slots.loc[slots["worker"] == "prefill0", "end"]) <= {"handed off", "finished"}
+    lanes = {e["args"]["name"] for e in json.loads((out / "disagg" / "timeline.json").read_text())["traceEvents"]
+             if e["ph"] == "M"}
+    assert {"device prefill0", "device decode0"} <= lanes
+    html = (out / "report.html").read_text()
+    assert "disagg prefill0" in html and "disagg decode0" in html

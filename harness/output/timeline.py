@@ -3,7 +3,8 @@
 One process per strategy with two lanes: ``host`` (schedule, prepare, postprocess) and ``device``
 (forward, sample, and before them encode in an encoder–decoder model's steps that admit), one complete
 ("X") slice per phase, tagged with its iteration. Under overlap the host slices of step n+1 sit inside
-the device slices of step n; without it they alternate. A pipeline run adds a lane per stage process.
+the device slices of step n; without it they alternate. A pipeline run adds a lane per stage process; a
+fleet (disagg, --num-replicas) has a device lane per engine beside its one host lane.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
     for s in range(stages):  # pipeline: a lane per stage process
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": DEVICE_TID + 1 + s,
                        "args": {"name": f"stage {s}"}})
+    workers = sorted(set(iterations["worker"]) - {""}) if "worker" in iterations else []
+    lanes = {w: DEVICE_TID + 1 + stages + i for i, w in enumerate(workers)}  # a fleet: a device lane per engine
+    events += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": f"device {w}"}}
+               for w, tid in lanes.items()]
     for rec in iterations.itertuples(index=False):
         for s in range(len(rec.stage_start_s) if stages else 0):  # none for a step never waited for
             start, end = rec.stage_start_s[s], rec.stage_end_s[s]
@@ -38,8 +43,9 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
                 start, end = getattr(rec, f"{phase}_start_s"), getattr(rec, f"{phase}_end_s")
                 if math.isnan(start) or math.isnan(end):
                     continue
+                lane = lanes.get(rec.worker, tid) if tid == DEVICE_TID and lanes else tid
                 events.append({"name": phase, "cat": "host" if tid == HOST_TID else "device", "ph": "X",
                                "ts": round(start * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3),
-                               "pid": pid, "tid": tid,
-                               "args": {"iteration": int(rec.iteration), "tokens": int(rec.num_tokens)}})
+                               "pid": pid, "tid": lane, "args": {"iteration": int(rec.iteration),
+                                                                 "tokens": int(rec.num_tokens)}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}

@@ -15,7 +15,9 @@ least ``rate_hi`` if that passes); each later round runs every open bracket's ge
 configurations of a round together (as Ray tasks with ``--ray``), until each bracket is within the
 tolerance: ceil(log2(log(hi / lo) / log(1 + tolerance))) rounds after the first (7 for 0.5-64 at 5%).
 The passing end of the bracket is the capacity. Assumes attainment falls as the rate rises; every run
-is kept, so a violation shows in ``capacity_points.csv``.
+is kept, so a violation shows in ``capacity_points.csv``. A replayed trace keeps its own arrival pattern
+(bursts, sessions) and reaches a rate by ``--time-scale``: its mean rate after fitting at scale 1 (requests
+− 1 over the span of their arrivals) divided by the rate searched.
 
 Output, besides a suite's usual files (every evaluated run is a run directory): ``capacity.csv`` (one
 row per configuration: max_rate, its attainment, goodput, throughput, per-GPU and per-user tokens/s,
@@ -88,6 +90,7 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
     evaluations already complete in OUT (the search is deterministic, so it asks for the same rates)."""
     targets = {f"{cfg}.{s}": (params, replace(opts, strategies=(s,), goodput=spec.goodput))
                for cfg, params, opts in configs for s in opts.strategies}
+    natural = {t: _natural_rate(opts) for t, (_, opts) in targets.items()}  # replays: their own mean rate
     brackets = {t: [spec.rate_lo, spec.rate_hi] for t in targets}
     status: dict[str, str] = {}
     evaluated: list[SuiteRun] = []
@@ -96,8 +99,9 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
     interrupted, results = False, {}
     with ray_session(ray_address) if ray_address is not None else nullcontext():  # one Ray for every round
         while pending and not interrupted:
-            batch = [SuiteRun(f"{t}@rate={r:.8g}", t, {**targets[t][0], "request_rate": r},
-                              replace(targets[t][1], request_rate=r)) for t, rates in pending.items() for r in rates]
+            batch = [SuiteRun(f"{t}@rate={r:.8g}", t, {**targets[t][0], **_at_rate(r, natural[t])},
+                              replace(targets[t][1], **_at_rate(r, natural[t])))
+                     for t, rates in pending.items() for r in rates]
             todo = [r for r in batch if not (resume and complete(out / r.name))]  # names are the rates: reusable
             got_round, interrupted = run_many(todo, out, ray_address, progress)
             results.update(got_round)
@@ -136,6 +140,24 @@ def capacity_search(name: str, source: str, configs: list[tuple[str, dict, RunOp
     atomic_write_text(out / "capacity.csv", table.to_csv(index=False))
     atomic_write_text(out / "capacity_points.csv", pd.DataFrame(points).to_csv(index=False))
     return assemble(name, source, None, evaluated, results, out, interrupted)
+
+
+def _natural_rate(opts: RunOptions) -> float | None:
+    """A replayed trace's mean request rate once fitted at time scale 1; None for a synthetic trace."""
+    if opts.trace == "synthetic":
+        return None
+    from harness.app import make_trace
+
+    arrivals = [r.arrival_s for r in make_trace(replace(opts, time_scale=1.0)).requests]
+    span = max(arrivals) - min(arrivals)
+    if len(arrivals) < 2 or span <= 0:
+        raise UserError(f"{opts.trace}: a capacity search needs a replay whose arrivals span some time")
+    return (len(arrivals) - 1) / span
+
+
+def _at_rate(rate: float, natural: float | None) -> dict:
+    """The options that make a run arrive at ``rate`` req/s on average."""
+    return {"request_rate": rate} if natural is None else {"request_rate": rate, "time_scale": natural / rate}
 
 
 def _per_gpu_and_user(row: dict, opts: RunOptions) -> dict:
