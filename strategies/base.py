@@ -163,7 +163,7 @@ class Strategy(Executor):
     def _admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
         """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
         slot = self.slots.acquire(r.request_id, self._scheduling, r.width)
-        r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block)
+        r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block, self.clock.now())
         self._admissions += 1
         self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
         if self.cross_kv is not None:

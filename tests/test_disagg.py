@@ -86,8 +86,8 @@ def test_tokens_equal_one_request_alone(kw):
     assert moved and all(r.kv_transfer_end_s >= r.kv_transfer_start_s >= r.first_token_s for r in moved)
     assert all(r.num_output_tokens == 1 or r.kv_transfer_bytes for r in requests)  # all that decode moved
     assert {rec.worker for rec in s.records} >= {"prefill0", "decode0"}
-    if kw.get("kv_blocks"):
-        assert sum(rec.preemptions for rec in s.records) > 0
+    if kw.get("kv_blocks"):  # preempted on the decode side too, after their KV arrived (recomputed there)
+        assert sum(rec.preemptions for rec in s.records if rec.worker.startswith("decode")) > 0
     if kw.get("prefix_caching"):
         assert sum(r.cached_tokens for r in requests) > 0
 
@@ -196,6 +196,10 @@ def test_simulated_transfer_costs_what_the_link_says(tmp_path):
     assert fast["kv_transfer_ms"].mean() < req["kv_transfer_ms"].mean() / 5
     row = json.loads((tmp_path / "a" / "summary.json").read_text())[1]
     assert row["mean_kv_transfer_ms"] == pytest.approx(req["kv_transfer_ms"].mean())
+    queued = (req["admitted_s"] - req["arrival_s"]) * 1e3
+    assert (queued >= 0).all() and row["mean_prefill_queue_ms"] == pytest.approx(queued.mean())
+    waited = (req["kv_transfer_start_s"] - req["first_token_s"]) * 1e3
+    assert (waited >= 0).all() and row["p99_kv_queue_ms"] == pytest.approx(np.percentile(waited, 99))
 
 
 def test_replicas_serve_every_request_with_the_same_tokens():

@@ -102,6 +102,7 @@ class Request:
     finish_reason: str | None = None  # "stop", "length", or why it was rejected / failed
     preemptions: int = 0
     admitted_seq: int = -1  # admission order: max-utilization preempts the most recent first
+    admitted_s: float | None = None  # first admission (run clock): where its wait in the queue ended
     # Disaggregated serving: when the prompt's KV left the prefill worker and landed on the decode worker
     # (run clock), and the bytes moved (whole blocks)
     kv_transfer_start_s: float | None = None
@@ -188,10 +189,11 @@ class Request:
         self.num_output_tokens += 1
         self.token_times_s.append(now_s)
 
-    def admit(self, slot: int, seq: int, cached_tokens: int = 0) -> None:
-        """Take ``slot``; the first ``cached_tokens`` tokens' keys are already in cached blocks."""
+    def admit(self, slot: int, seq: int, cached_tokens: int = 0, now_s: float | None = None) -> None:
+        """Take ``slot`` at ``now_s``; the first ``cached_tokens`` tokens' keys are already in cached blocks."""
         if self.admitted_seq < 0:
             self.cached_tokens = min(cached_tokens, self.prompt_len)
+            self.admitted_s = now_s
         self.status = Status.RUNNING
         self.slot = self.last_slot = slot
         self.admitted_seq = seq
