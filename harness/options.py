@@ -105,7 +105,10 @@ class RunOptions:
     num_micro_batches: int | None = _opt(None, "pipeline: micro-batches in flight (default: --pp)")
     stage_timeout: float = _opt(60.0, "pipeline: seconds a silent stage may take before the run ends")
     num_replicas: int = _opt(1, "inflight: engines behind a least-outstanding-tokens router (each with the limits "
-                                "above; on sim --tp GPUs each): the equal-GPU baseline for disagg")
+                                "above; on sim --tp GPUs each): the equal-GPU baseline for disagg (see --router)")
+    router: str = _opt("least-tokens", "--num-replicas and disagg's prefill workers: an arrival goes to the engine "
+                                       "with the fewest tokens left to compute, or to each in turn",
+                       choices=("least-tokens", "round-robin"))
     num_prefill_workers: int = _opt(1, "disagg: context executors, each an engine of its own (on sim: --tp GPUs each)")
     num_decode_workers: int = _opt(1, "disagg: generation executors, each an engine of its own")
     kv_transfer_buffer_mb: float = _opt(64.0, "disagg: each worker's KV staging buffer (MiB): a transfer moves in "
@@ -274,7 +277,7 @@ class RunOptions:
                 instrument=self.instrument,
                 max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
                 stage_timeout_s=self.stage_timeout, sim=self.sim_config(), speculative=self.speculative(),
-                num_replicas=self.num_replicas,
+                num_replicas=self.num_replicas, router=self.router,
                 disagg=DisaggConfig(self.num_prefill_workers, self.num_decode_workers, self.kv_transfer_buffer_mb,
                                     self.kv_link_gbps, self.kv_link_latency_us))
         except ValueError as exc:

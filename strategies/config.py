@@ -11,6 +11,7 @@ from strategies.runtime.sim.config import SimConfig
 from strategies.runtime.spec.config import SpecConfig
 
 CAPACITY_POLICIES = ("guaranteed-no-evict", "max-utilization")
+ROUTERS = ("least-tokens", "round-robin")
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class ExecutorConfig:
     sim: SimConfig | None = None  # the simulated device's settings, when device == "sim"
     speculative: SpecConfig | None = None  # speculative decoding (--speculative-config), None: off
     num_replicas: int = 1  # inflight: engines behind a router, each with every limit above (strategies/fleet.py)
+    router: str = "least-tokens"  # where a fleet sends an arrival: fewest tokens left to compute, or in turn
     disagg: DisaggConfig = field(default_factory=DisaggConfig)  # the disagg strategy: workers, staging, link
 
     def __post_init__(self) -> None:
@@ -48,6 +50,8 @@ class ExecutorConfig:
         if not 1 <= self.max_beam_width <= self.max_batch_size:
             raise ValueError(f"beam width must be in [1, --max-batch-size={self.max_batch_size}]: a request's "
                              f"beams are rows of one batch, got {self.max_beam_width}")
+        if self.router not in ROUTERS:
+            raise ValueError(f"--router {self.router!r}: expected one of {', '.join(ROUTERS)}")
         if self.num_replicas <= 0:
             raise ValueError(f"--num-replicas must be positive, got {self.num_replicas}")
         if self.pipeline_stages <= 0 or (self.num_micro_batches is not None and self.num_micro_batches <= 0):

@@ -6,8 +6,8 @@ in-flight loop spread over them: every idle worker schedules and launches its ne
 whichever step finishes first and postprocesses it. Two fleets:
 
 - ``Replicas`` (``--num-replicas N`` with inflight): N colocated engines behind a router that sends each
-  arrival to the replica with the fewest tokens still to compute — the equal-GPU baseline that
-  disaggregated serving is measured against.
+  arrival to the replica with the fewest tokens still to compute, or to each in turn (``--router``) — the
+  equal-GPU baseline that disaggregated serving is measured against.
 - ``DisaggStrategy`` (``strategies/disagg/``): prefill and decode workers with a KV transceiver between them.
 
 A worker that fails (its device raised) fails its own requests with the reason; the others finish, and the
@@ -80,6 +80,7 @@ class Fleet(Executor):
             raise
         self.alive: list[Worker] = list(self.workers)
         self.error: str | None = None  # the first worker failure
+        self._routed = 0  # arrivals routed so far (round-robin's turn)
 
     def _build(self) -> None:
         """Append the workers to ``self.workers``."""
@@ -152,10 +153,18 @@ class Fleet(Executor):
         for r in self.source.poll(self.clock.now()):
             reason = self.rejection(r)
             if reason is None:
-                min(self.entry(), key=_load).waiting.append(r)
+                self._route().waiting.append(r)
             else:
                 self._reject(r, reason)
         return any(w.waiting or w.running for w in self.alive) or not self.source.exhausted
+
+    def _route(self) -> Worker:
+        """The entry worker for the next arrival (``--router``)."""
+        entry = self.entry()
+        self._routed += 1
+        if self.config.router == "round-robin":
+            return entry[(self._routed - 1) % len(entry)]
+        return min(entry, key=_load)
 
     def _launch(self, w: Worker) -> tuple | None:
         rec, batch = w._schedule_phase(w.next_iteration)

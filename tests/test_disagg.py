@@ -218,6 +218,31 @@ def test_replicas_serve_every_request_with_the_same_tokens():
     assert {rec.worker for rec in s.records} == {"replica0", "replica1"}
 
 
+@pytest.mark.parametrize("router", ["least-tokens", "round-robin"])
+def test_routers_send_arrivals_where_they_say(router):
+    """Arrivals at t = 0: round-robin alternates; least-tokens sends each to the replica with the fewest
+    tokens left (one 40-token prompt, then 5-token ones: the short ones pile onto the other replica
+    until it holds as much work)."""
+    _, model = tiny_models()
+    requests = make_requests([([5] * 40, 4, SamplingParams())] + [([5] * 5, 4, SamplingParams())] * 7)
+    from strategies.fleet import replicated
+
+    s = replicated(get_strategy("inflight"))(TINY64, model, _config(num_replicas=2, router=router))
+    try:
+        s.run(ListSource(requests))
+    finally:
+        s.close()
+    first = {}
+    for t in s.slot_tenures():
+        first.setdefault(t.request_id, t.worker)
+    got = [first[r.request_id] for r in requests]
+    if router == "round-robin":
+        assert got == ["replica0", "replica1"] * 4
+    else:  # loads: 44 | 9, 18, 27, 36, 45 -> then 44 < 45
+        assert got == ["replica0", "replica1", "replica1", "replica1", "replica1", "replica1", "replica0",
+                       "replica1"]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--strategies", "overlap", "--num-replicas", "2"], "--num-replicas: only inflight"),
     (["--strategies", "disagg", "--num-prefill-workers", "0"], "--num-prefill-workers and --num-decode-workers"),
