@@ -92,6 +92,28 @@ def test_tokens_equal_one_request_alone(kw):
         assert sum(r.cached_tokens for r in requests) > 0
 
 
+def test_greedy_tokens_equal_hugging_face(hf_checkpoint):
+    """A checkpoint served by 1 prefill + 2 decode workers gives Hugging Face's greedy ``generate``."""
+    import torch
+
+    from strategies.runtime.engine import script_model
+    from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
+
+    path, hf_model = hf_checkpoint
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")
+    model = script_model(load_checkpoint(path, cfg))
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(3, 300, size=int(n)).tolist() for n in (7, 30, 12, 21, 40)]
+    requests = make_requests([(p, 16, SamplingParams()) for p in prompts])
+    run_strategy("disagg", cfg, model, _config(num_decode_workers=2), requests)
+    for p, r in zip(prompts, requests, strict=True):
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False,
+                                pad_token_id=0)
+        assert r.output_token_ids == ref[0, len(p):].tolist()
+        assert r.kv_transfer_bytes or r.num_output_tokens == 1
+
+
 def test_the_kv_really_moves(monkeypatch):
     """Mutation: a receive that leaves the decode worker's blocks as they were changes the tokens, so the
     tests above see the transfer (and not a decode worker that somehow recomputes the prompt)."""
