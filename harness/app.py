@@ -165,6 +165,8 @@ def _check_encoder_inputs(opts: RunOptions, model_cfg: ModelConfig, trace: Trace
     with_encoder = sum(1 for t in trace.requests if t.encoder_tokens)
     if model_cfg.is_encoder_decoder and "pipeline" in opts.strategies and opts.device != "sim":
         raise UserError(f"--model {opts.model}: the pipeline strategy's stages run decoder-only models")
+    if model_cfg.is_encoder_decoder and ("disagg" in opts.strategies or opts.num_replicas > 1):
+        raise UserError(f"--model {opts.model}: disagg's and --num-replicas' engines run decoder-only models")
     if model_cfg.is_encoder_decoder:
         if with_encoder < len(trace.requests):
             raise UserError(f"--model {opts.model} is an encoder–decoder model: {len(trace.requests) - with_encoder} "

@@ -271,6 +271,9 @@ def test_routers_send_arrivals_where_they_say(router):
     (["--strategies", "disagg", "--kv-link-gbps", "0"], "--kv-link-gbps must be positive"),
     (["--strategies", "disagg", "--kv-transfer-buffer-mb", "-1"], "--kv-transfer-buffer-mb must be positive"),
     (["--strategies", "inflight", "--num-replicas", "0"], "--num-replicas must be positive"),
+    (["--strategies", "disagg", "--model", "tiny-bart", "--encoder-input-len", "8"], "run decoder-only models"),
+    (["--strategies", "inflight", "--num-replicas", "2", "--router", "random"], "invalid choice: 'random'"),
+    (["--strategies", "disagg", "--speculative-config", '{"method": "ngram"}'], "disagg does not speculate"),
 ])
 def test_bad_disagg_options_are_one_line_exit_2(tmp_path, args, message):
     p = cli("run", "--model", "tiny", "--num-prompts", "2", *args, "--out", str(tmp_path / "x"))
