@@ -106,7 +106,12 @@ def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
         cost = cost_model(executor.sim)
     except ValueError as exc:
         raise UserError(str(exc)) from None
-    capacity = cost.kv_capacity_tokens()
+    spec = executor.speculative
+    try:
+        draft = cost_model(dataclasses.replace(executor.sim, model_spec=spec.model)) if spec and spec.model else None
+    except ValueError as exc:  # its message names --model-spec: the draft's spec is the config's model key
+        raise UserError(f"--speculative-config model: {exc}".replace("--model-spec ", "")) from None
+    capacity = cost.kv_capacity_tokens(draft=draft)
     if cost.spec.is_encoder_decoder:  # cross-attention KV takes the same bytes per token: split the memory
         capacity //= 2
         if executor.cross_kv_blocks is None:

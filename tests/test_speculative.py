@@ -242,6 +242,11 @@ def test_counters_follow_vllms_definitions(tmp_path):
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": 0.5}'], "only the simulated device forces"),
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": 1.5}', "--device", "sim"], "must be in [0, 1]"),
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": "hi"}'], "must be a number"),
+    (["--speculative-config", '{"method": "draft_model", "model": "tiny"}'], "priced on --device sim only"),
+    (["--speculative-config", '{"method": "draft_model", "acceptance_rate": 0.5}', "--device", "sim"],
+     "method draft_model needs a model"),
+    (["--speculative-config", '{"method": "ngram", "model": "tiny"}'], "and only it takes one"),
+    (["--speculative-config", '{"method": "draft_model", "model": 3}'], "model must be a string"),
 ])
 def test_bad_speculative_config_is_one_line_exit_2(tmp_path, args, message):
     base = ["--model", "tiny", "--num-prompts", "2", "--strategies", "inflight"]

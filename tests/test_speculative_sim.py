@@ -72,3 +72,35 @@ def test_verification_pays_where_decoding_is_memory_bound_only(tmp_path):
         if batch == 1:  # tokens per step up by the mean length, step time up a little (KV reads, LM head)
             assert 0.8 * length < speedup[batch] <= length
     assert speedup[256] < 1, speedup
+
+
+def test_a_draft_model_costs_what_speculative_decoding_theory_says(tmp_path):
+    """Llama-3-8B verifying drafts of Llama-3.2-1B on an H100, one request at a time, a = 0.7, K = 4.
+    Leviathan et al.: a step yields E = (1 - a^(K+1)) / (1 - a) tokens and costs one verifying forward plus
+    K draft decodes, so TPOT = (T_verify + K T_draft) / E, with T_verify and T_draft the prices of one
+    batch-1 step of each model (plus the stream's launch and sync latency per step). Tokens equal the run
+    without speculation: only time moves. The draft's weights and KV come off the target's KV capacity
+    (8.03 B and 1.24 B bf16 parameters; 128 KiB and 32 KiB of KV a token, from the two config.json files)."""
+    from strategies.runtime.batch import BatchWork
+    from strategies.runtime.sim.build import cost_model
+    from strategies.runtime.sim.config import SimConfig
+
+    kw = {"strategies": ("inflight",), "num_prompts": 6, "request_rate": 0.2, "input_len": 512, "output_len": 128,
+          "range_ratio": 0.0, "ignore_eos": True}
+    draft = json.dumps({"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4,
+                        "acceptance_rate": 0.7})
+    plain, _, plain_tokens = _run(tmp_path, "plain", **kw)
+    spec, _, spec_tokens = _run(tmp_path, "draft", speculative_config=draft, **kw)
+    ngram, *_ = _run(tmp_path, "ngram", speculative_config=_spec(0.7), **kw)
+    assert spec_tokens == plain_tokens
+    a, k, ctx = 0.7, 4, 512 + 64  # the context at mid-request
+    target, small = (cost_model(SimConfig(gpu="h100", model_spec=m)) for m in ("llama-3-8b", "llama-3.2-1b"))
+    t_verify = sum(target.phases(BatchWork(k + 1, k + 1, (k + 1) * ctx, (k + 1) * ctx)).values())
+    t_draft = sum(small.phases(BatchWork(1, 1, ctx, ctx)).values())
+    step = t_verify + k * t_draft + target.profile.launch_latency_s + target.profile.sync_latency_s
+    predicted_ms = step / ((1 - a ** (k + 1)) / (1 - a)) * 1e3
+    assert spec["median_tpot_ms"] == pytest.approx(predicted_ms, rel=0.12)
+    assert ngram["median_tpot_ms"] < spec["median_tpot_ms"] < plain["median_tpot_ms"]
+    run = json.loads((tmp_path / "draft" / "run.json").read_text())["sim"]
+    expected = (0.9 * 80e9 - 2 * 8.03e9 - 2 * 1.24e9) / (2 * 32 * 8 * 128 * 2 + 2 * 16 * 8 * 64 * 2)
+    assert run["kv_capacity_tokens"] == pytest.approx(expected, rel=0.01)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.models.config import ModelConfig
@@ -33,8 +35,9 @@ def sim_engine(model_cfg: ModelConfig, sim: SimConfig | None, clock: Clock, nvtx
     if not isinstance(clock, VirtualClock):
         raise ValueError("the simulated device needs a VirtualClock (strategies.interface.make_clock)")
     cost = cost_model(sim)
+    draft = cost_model(replace(sim, model_spec=spec.model)) if spec is not None and spec.model else None
     p = cost.profile
     stream = (SimPipelineStream(clock, nvtx, stages, p.launch_latency_s, p.sync_latency_s) if stages > 1
               else SimStream(clock, nvtx, p.launch_latency_s, p.sync_latency_s))
     return stream, SimEngine(model_cfg, None, stream, cost=cost, stages=stages, acceptance_rate=rate,
-                               **sizes)
+                             draft_cost=draft, **sizes)

@@ -218,7 +218,12 @@ class CostModel:
     def step_time(self, w: BatchWork) -> float:
         return sum(self.phases(w).values())
 
-    def kv_capacity_tokens(self, memory_fraction: float = 0.9) -> int:
-        """KV tokens that fit in the GPUs' memory after the weights (TP shards both)."""
+    def kv_capacity_tokens(self, memory_fraction: float = 0.9, draft: CostModel | None = None) -> int:
+        """KV tokens that fit in the GPUs' memory after the weights (TP shards both); with a draft model
+        (speculative decoding) its weights come off too and each token keeps the draft's KV beside the target's."""
         free = self.tp * self.profile.gpu.mem_bytes * memory_fraction - self.weight_bytes
-        return max(0, int(free // self.kv_bytes_per_token))
+        per_token = self.kv_bytes_per_token
+        if draft is not None:
+            free -= draft.weight_bytes
+            per_token += draft.kv_bytes_per_token
+        return max(0, int(free // per_token))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.batch import BatchWork, ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
 from strategies.runtime.device.stream import DeviceWork
@@ -36,8 +36,9 @@ def _nothing() -> None:
 
 class SimEngine(Engine):
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, stages: int = 1,
-                 acceptance_rate: float = 0.0, **kwargs) -> None:
+                 acceptance_rate: float = 0.0, draft_cost: CostModel | None = None, **kwargs) -> None:
         self.cost_model = cost
+        self.draft_cost = draft_cost  # speculative decoding with a draft model: the draft's cost model
         self.acceptance_rate = acceptance_rate  # speculative decoding: the forced acceptance (sim/decoder.py)
         self.stages = stages  # pipeline stages the simulated device is split into
         super().__init__(cfg, torch.nn.Module(), stream, **kwargs)
@@ -73,6 +74,23 @@ class SimEngine(Engine):
             d.download()
         io.download()
 
+    def _draft_s(self, bufs: BufferSet) -> float:
+        """A draft model's steps before the verifying forward (in the forward piece's time): draft pass j
+        decodes one token for every row that proposes more than j drafts, each reading its context so far.
+        (The first pass also takes in the token the target added last step: one more token per row at most,
+        not priced.)"""
+        d = bufs.drafts
+        if self.draft_cost is None or d is None or not d.num_rows:
+            return 0.0
+        ks = d.num_drafts.np[:d.num_rows]
+        positions = np.asarray(d.positions)
+        total = 0.0
+        for j in range(int(ks.max())):
+            rows = ks > j
+            n, kv = int(rows.sum()), int((positions[rows] + 1 + j).sum())
+            total += sum(self.draft_cost.phases(BatchWork(n, n, kv, kv)).values())
+        return total
+
     def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
         """No beams were searched: each returned sequence is the one token per step the device wrote."""
         return [[(r.output_token_ids, 0.0)] * r.sampling.num_return_sequences for r in requests]
@@ -92,7 +110,7 @@ class SimEngine(Engine):
                                        stage_s=stage_s, hop_s=hop_s)
         phases = self.cost_model.phases(bufs.work)
         encode = phases.pop("encoder", 0.0)
-        total = sum(phases.values())
+        total = sum(phases.values()) + self._draft_s(bufs)
         durations = {"forward": total * (1 - SAMPLE_FRACTION), "sample": total * SAMPLE_FRACTION}
         pieces = [("forward", self._forward, (iteration, bufs)), ("sample", self._sample, (bufs,))]
         if encode:

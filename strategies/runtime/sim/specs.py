@@ -15,6 +15,11 @@ MODEL_SPECS: dict[str, ModelConfig] = {
     "llama-3-70b": ModelConfig(vocab_size=128256, hidden_size=8192, num_hidden_layers=80, num_attention_heads=64,
                                num_key_value_heads=8, intermediate_size=28672, rope_theta=500000.0,
                                max_position_embeddings=8192, eos_token_id=128001, dtype="bfloat16"),
+    # meta-llama/Llama-3.2-1B: Llama 3's tokenizer, the usual draft model for Llama-3-8B and 70B
+    "llama-3.2-1b": ModelConfig(vocab_size=128256, hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                                num_key_value_heads=8, intermediate_size=8192, rope_theta=500000.0,
+                                max_position_embeddings=131072, eos_token_id=128001, dtype="bfloat16",
+                                tie_word_embeddings=True),
     "qwen2.5-7b": ModelConfig(vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                               num_key_value_heads=4, intermediate_size=18944, rope_theta=1000000.0,
                               max_position_embeddings=32768, eos_token_id=151645, dtype="bfloat16"),
