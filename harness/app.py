@@ -184,6 +184,20 @@ def _check_encoder_inputs(opts: RunOptions, model_cfg: ModelConfig, trace: Trace
         raise UserError(f"--model {opts.model} is decoder-only, but {with_encoder} requests have an encoder input")
 
 
+def _check_draft_model(opts: RunOptions, model_cfg: ModelConfig) -> None:
+    """A draft model on a real device: it must exist and share the target's vocabulary."""
+    spec = opts.speculative()
+    if spec is None or spec.model is None or opts.device == "sim":
+        return
+    try:
+        cfg = resolve_model_config(spec.model)
+    except ValueError as exc:
+        raise UserError(f"--speculative-config model: {exc}".replace("--model ", "")) from None
+    if cfg.vocab_size != model_cfg.vocab_size or cfg.is_encoder_decoder:
+        raise UserError(f"--speculative-config model {spec.model!r}: a decoder-only model with the target's "
+                        f"vocabulary ({model_cfg.vocab_size} tokens) is needed, not {cfg.vocab_size}")
+
+
 def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool = True, report: bool = True,
             fault: tuple[str, int] | None = None, log: Callable[[str], None] | None = None) -> RunOutcome:
     """Run every strategy of ``opts`` and write the run directory. ``fault`` = (strategy, iteration)
@@ -198,6 +212,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     model_cfg, model = load_model(opts)
     opts = resolve_max_seq_len(opts, model_cfg)
     _check_encoder_inputs(opts, model_cfg, trace)
+    _check_draft_model(opts, model_cfg)
     executor, sim_info = resolve_executor(opts)
     defaults = opts.sampling_defaults()
     # The decoder state and block tables hold as many beam rows per slot as the widest request needs.

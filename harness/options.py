@@ -204,6 +204,11 @@ class RunOptions:
             return
         from strategies.registry import get_strategy
 
+        spec = self.speculative()
+        if spec is not None and spec.method == "draft_model" and self.device != "sim" and \
+                set(self.strategies) != {"inflight"}:
+            raise UserError("--speculative-config method draft_model: inflight runs a draft engine (static and "
+                            "overlap: ngram here, or draft_model priced on --device sim)")
         for name in self.strategies:
             if not get_strategy(name).speculates:
                 raise UserError(f"--speculative-config: {name} does not speculate (static, inflight and "

@@ -86,9 +86,6 @@ class ExecutorConfig:
                              "acceptance_rate" if self.device == "sim" else
                              "--speculative-config acceptance_rate: only the simulated device forces acceptance "
                              "(a real one accepts what the target model agrees with)")
-        if self.speculative is not None and self.speculative.method == "draft_model" and self.device != "sim":
-            raise ValueError("--speculative-config method draft_model: priced on --device sim only (its acceptance "
-                             "forced); a draft engine on a real device is not built yet")
         if self.device == "sim" and self.device_memory == "split":
             raise ValueError("--device-memory split: the simulated device keeps no tensors of its own")
 

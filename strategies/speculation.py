@@ -39,6 +39,8 @@ def propose_drafts(r: Request, spec: SpecConfig, budget: int) -> np.ndarray:
         return r.token_ids[:0]
     if spec.acceptance_rate is not None:  # the simulated device decides acceptance: any k tokens will do
         return np.repeat(r.token_ids[-1:], k)
+    if spec.method == "draft_model":  # k places the draft engine fills before the step (spec/draft_model.py)
+        return np.zeros(k, dtype=np.int64)
     found = propose_ngram(r.token_ids, spec.prompt_lookup_min, spec.prompt_lookup_max, k + r.pending_samples)
     return found[r.pending_samples:]
 
@@ -50,7 +52,7 @@ def receive_verified(rec: IterationRecord, drafts: DraftTokens, outputs: list[li
     k1 = drafts.k + 1
     by_position = [0] * drafts.k
     done: list[tuple[Request, str]] = []
-    for r, p, row in zip(drafts.rows, drafts.positions, outputs, strict=True):
+    for i, (r, p, row) in enumerate(zip(drafts.rows, drafts.positions, outputs, strict=True)):
         r.pending_samples -= 1
         r.verifying = False
         n, code, got = row[k1], row[k1 + 1], row[k1 + 2]
@@ -63,6 +65,8 @@ def receive_verified(rec: IterationRecord, drafts: DraftTokens, outputs: list[li
             by_position[j] += 1
         rec.spec_accepted_tokens += got
         r.num_computed_tokens = p + n
+        # a draft model's keys are right where its input was: p, then the drafts received, up to its last input
+        r.draft_computed = min(r.draft_computed, p + 1 + min(got, int(drafts.num_drafts.np[i]) - 1))
         if kv is not None:
             kv.trim(r.slot, p + n + 1)
         if code != CONTINUE:

@@ -242,7 +242,10 @@ def test_counters_follow_vllms_definitions(tmp_path):
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": 0.5}'], "only the simulated device forces"),
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": 1.5}', "--device", "sim"], "must be in [0, 1]"),
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": "hi"}'], "must be a number"),
-    (["--speculative-config", '{"method": "draft_model", "model": "tiny"}'], "priced on --device sim only"),
+    (["--speculative-config", '{"method": "draft_model", "model": "tiny"}', "--strategies", "overlap"],
+     "inflight runs a draft engine"),
+    (["--speculative-config", '{"method": "draft_model", "model": "tiny-bart"}'], "with the target's vocabulary"),
+    (["--speculative-config", '{"method": "draft_model", "model": "/nonexistent"}'], "--speculative-config model:"),
     (["--speculative-config", '{"method": "draft_model", "acceptance_rate": 0.5}', "--device", "sim"],
      "method draft_model needs a model"),
     (["--speculative-config", '{"method": "ngram", "model": "tiny"}'], "and only it takes one"),
@@ -300,3 +303,90 @@ def test_an_empty_speculative_config_is_off():
 
     assert RunOptions(speculative_config="").speculative() is None
     assert RunOptions(speculative_config='{"method": "ngram"}').speculative() == SpecConfig()
+
+
+DRAFT = SpecConfig(method="draft_model", model="tiny", num_speculative_tokens=4)
+
+
+def _draft_specs(n: int = 8, greedy: bool = False) -> list:
+    rng = np.random.default_rng(0)
+    return [(rng.integers(3, 60, size=int(rng.integers(5, 30))).tolist(), 24,
+             SamplingParams(temperature=0.0 if greedy or i % 2 == 0 else 0.8, seed=i)) for i in range(n)]
+
+
+@pytest.mark.parametrize("kw", [
+    {"cpu_device": "thread"},
+    {},  # the draft's engine in a device process of its own
+    {"device_memory": "split"},
+    {"capacity_policy": "max-utilization", "kv_blocks": 8},  # preempted requests start their draft over
+    {"prefix_caching": True},
+], ids=["thread", "process", "split", "preempt", "prefix"])
+def test_a_draft_model_that_is_the_target_is_always_right(kw):
+    """With the target itself as the draft (tiny, same seed: the same weights) every greedy draft is the
+    target's own next token: all are accepted, and the tokens are each request's alone."""
+    eager, model = tiny_models()
+    specs = _draft_specs(greedy=True)
+    if kw.get("prefix_caching"):
+        specs = [([7] * 16 + p[:16], n, s) for p, n, s in specs]
+    reqs = make_requests(specs)
+    s = run_strategy("inflight", TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32,
+                                                               speculative=DRAFT, **kw), reqs)
+    drafted = sum(r.spec_draft_tokens for r in s.records)
+    assert drafted > 100 and sum(r.spec_accepted_tokens for r in s.records) == drafted
+    assert all(r.output_token_ids == reference_decode(eager, TINY64, r) for r in reqs)
+    if kw.get("kv_blocks"):
+        assert sum(r.preemptions for r in s.records) > 0
+
+
+def test_draft_model_proposals_are_the_drafts_greedy_continuation(monkeypatch):
+    """Every proposal, step after step, equals the draft model's greedy continuation of what the request
+    holds (recomputed from scratch): the draft's keys are rewound to what the target accepted, so a
+    rejection (sampled requests reject often) leaves no stale key behind. Tokens equal each request alone."""
+    from strategies.runtime.spec.draft_model import DraftModel
+
+    eager, model = tiny_models()
+    checked = []
+    propose = DraftModel.propose
+
+    def spy(self, steps, tables):
+        propose(self, steps, tables)
+        for v in steps:
+            r = v.request
+            alone = Request("x", r.token_ids[:v.position + 1].copy(), len(v.drafts), SamplingParams(ignore_eos=True))
+            checked.append(v.drafts.tolist() == reference_decode(eager, TINY64, alone))
+
+    monkeypatch.setattr(DraftModel, "propose", spy)
+    reqs = make_requests(_draft_specs())
+    s = run_strategy("inflight", TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32,
+                                                               speculative=DRAFT, cpu_device="thread"), reqs)
+    rejected = sum(r.spec_draft_tokens - r.spec_accepted_tokens for r in s.records)
+    assert len(checked) > 30 and all(checked) and rejected > 50
+    assert all(r.output_token_ids == reference_decode(eager, TINY64, r) for r in reqs)
+
+
+def test_draft_model_equals_hugging_faces_assisted_generation(hf_checkpoint, tmp_path):
+    """A checkpoint verified against a one-layer assistant of its vocabulary gives Hugging Face's
+    ``generate(assistant_model=...)`` (greedy), and the assistant is sometimes right, sometimes not."""
+    import transformers
+
+    path, hf_model = hf_checkpoint
+    small = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=256,
+                                     eos_token_id=2, bos_token_id=1, pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(1)
+    assistant = transformers.LlamaForCausalLM(small).to(torch.float64).eval()
+    assistant.save_pretrained(tmp_path / "draft", safe_serialization=True)
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")
+    model = script_model(load_checkpoint(path, cfg))
+    rng = np.random.default_rng(2)
+    prompts = [(rng.integers(3, 300, size=4).tolist() * 3)[: int(n)] for n in (7, 12, 9, 11)]
+    reqs = make_requests([(p, 20, SamplingParams()) for p in prompts])
+    spec = SpecConfig(method="draft_model", model=str(tmp_path / "draft"), num_speculative_tokens=3)
+    s = run_strategy("inflight", cfg, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, speculative=spec), reqs)
+    for p, r in zip(prompts, reqs, strict=True):
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                                pad_token_id=0, assistant_model=assistant)
+        assert r.output_token_ids == ref[0, len(p):].tolist()
+    drafted, accepted = (sum(getattr(x, f) for x in s.records) for f in ("spec_draft_tokens", "spec_accepted_tokens"))
+    assert 0 < accepted < drafted

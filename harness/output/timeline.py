@@ -14,7 +14,7 @@ import math
 import pandas as pd
 
 HOST_PHASES = ("schedule", "prepare", "postprocess")
-DEVICE_PHASES = ("encode", "forward", "sample")
+DEVICE_PHASES = ("draft", "encode", "forward", "sample")
 HOST_TID, DEVICE_TID = 1, 2
 
 

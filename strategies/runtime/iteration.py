@@ -21,6 +21,9 @@ class IterationRecord:
     # Device phases, as the device stream timed them (encode: encoder–decoder models, steps that admit).
     encode_start_s: float = NAN
     encode_end_s: float = NAN
+    # Speculation with a draft model: its k passes before the step (another engine, waited for by the host)
+    draft_start_s: float = NAN
+    draft_end_s: float = NAN
     # The buffer set the step was prepared in and read back from (overlap alternates two; the pipeline
     # has one per micro-batch; -1: a peer engine without buffer sets)
     buffer_set: int = -1

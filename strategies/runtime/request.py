@@ -97,6 +97,7 @@ class Request:
     context_target: int = 0  # tokens to prefill on this admission: prompt + outputs known at admission
     pending_samples: int = 0  # samples launched on the device whose token the host has not read yet
     verifying: bool = False  # a verifying step is in flight: its next position is known once it is read
+    draft_computed: int = 0  # speculation with a draft model: tokens whose keys the draft engine holds
     num_output_tokens: int = 0
     token_times_s: list[float] = field(default_factory=list)  # when the host handed each token out
     finish_reason: str | None = None  # "stop", "length", or why it was rejected / failed
@@ -206,7 +207,7 @@ class Request:
         is deterministic, so it ends the same; its token times are those of the final attempt)."""
         self.status = Status.WAITING
         self.slot = None
-        self.num_computed_tokens = 0
+        self.num_computed_tokens = self.draft_computed = 0
         self.preemptions += 1
         if self.width > 1:
             self.num_output_tokens = 0

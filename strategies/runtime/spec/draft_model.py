@@ -1,0 +1,96 @@
+"""A draft model: a second engine that proposes K tokens autoregressively for the verifying rows (Hugging
+Face's ``assistant_model``, vLLM's draft-model proposer, TensorRT-LLM's two-model speculative decoding).
+
+Its engine is the runtime's (weights, KV pool, decoder state, buffers) on a device stream of its own. Its KV
+pool has as many blocks as the target's and is indexed by the target's block tables: the draft keeps its
+keys at the positions the target keeps its own, in a pool of its own, so the target's reservation covers
+both and releasing a request frees both. Before a target step with verifying rows it runs k passes: pass 1
+feeds each row the tokens the draft has not seen yet (at first its whole prompt; then the token the target
+added, and the drafts it accepted the draft had no keys for) as a chunk, and samples d1; pass j feeds
+d(j-1), read on the device from the draft's decoder state as any generation input is, and samples dj.
+Drafts are greedy: a deterministic proposal, which is what the accept step's rejection sampling assumes
+(``decoder/accept.py``). The host waits for each pass (TensorRT-LLM keeps that loop on the device; here it
+is k synchronised steps).
+
+Rollback: after verification the draft's keys are valid up to the last position whose input was right,
+``Request.draft_computed`` = p + 1 + min(accepted, k - 1); the next pass 1 starts there. A preempted
+request starts over (0), as the target does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from strategies.runtime.batch import ContextChunk, ScheduledBatch, VerifyStep
+from strategies.runtime.device.stream import DeviceStream
+from strategies.runtime.engine import Engine, script_model
+from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
+from strategies.runtime.models.config import PRESETS, ModelConfig
+from strategies.runtime.models.llama import build_model
+from strategies.runtime.request import Request, SamplingParams
+
+GREEDY = SamplingParams(ignore_eos=True)  # drafts: argmax, never a finish
+
+
+class _DraftRow:
+    """The draft engine's view of a request: its slot and tokens, greedy sampling that never stops."""
+
+    sampling, width, encoder_len, num_output_tokens, max_new_tokens, num_scheduled_samples = GREEDY, 1, 0, 0, 2**40, 0
+
+    def __init__(self, request: Request) -> None:
+        self.request = request
+        self.slot = request.slot
+        self.prompt_len = request.prompt_len
+
+    @property
+    def token_ids(self) -> np.ndarray:
+        return self.request.token_ids
+
+
+def load_draft_model(name_or_path: str, target: ModelConfig, compile: bool) -> tuple[ModelConfig, torch.nn.Module]:
+    """The draft: a preset (seeded random weights) or a checkpoint directory, in the target's dtype; it must
+    share the target's vocabulary (its tokens are the target's)."""
+    cfg = resolve_model_config(name_or_path).with_dtype(target.dtype)
+    if cfg.vocab_size != target.vocab_size or cfg.is_encoder_decoder:
+        raise ValueError(f"--speculative-config model {name_or_path!r}: a decoder-only model with the target's "
+                         f"vocabulary ({target.vocab_size} tokens) is needed, got {cfg.vocab_size}")
+    model = build_model(cfg) if name_or_path in PRESETS else load_checkpoint(name_or_path, cfg)
+    return cfg, (script_model(model) if compile else model)
+
+
+class DraftModel:
+    def __init__(self, engine: Engine, stream: DeviceStream) -> None:
+        self.engine = engine
+        self.stream = stream
+
+    def propose(self, steps: list[VerifyStep], tables: np.ndarray) -> None:
+        """Fill each step's drafts in place (``VerifyStep.drafts``, k of them) with the draft's greedy tokens.
+        ``tables [S, 1, MB]``: the target's block tables."""
+        rows = [_DraftRow(v.request) for v in steps]
+        batch = ScheduledBatch(-1)
+        for v, row in zip(steps, rows, strict=True):
+            start = v.request.draft_computed
+            batch.context.append(ContextChunk(row, start, v.position + 1 - start, True))  # type: ignore[arg-type]
+            if start == 0:  # a new tenure of the slot: the draft's decoder-state row is reset
+                batch.admitted.append(row)  # type: ignore[arg-type]
+        for j in range(max(len(v.drafts) for v in steps)):
+            if j:  # pass j + 1: one token for each row that wants more than j drafts
+                batch = ScheduledBatch(-1)
+                for v, row in zip(steps, rows, strict=True):
+                    if len(v.drafts) > j:
+                        batch.add_generation(row, v.position + j)  # type: ignore[arg-type]
+            batch.no_beams()
+            bufs = self.engine.buffer_sets[0]
+            self.engine.prepare(batch, bufs, tables)
+            self.stream.wait(self.engine.launch(-1, bufs))
+            tokens = iter(tok for tok, _ in self.engine.outputs(bufs))
+            for v in steps:
+                if len(v.drafts) > j:
+                    v.drafts[j] = next(tokens)
+        for v in steps:  # keys through the last draft fed in (postprocess rewinds to what was accepted)
+            v.request.draft_computed = v.position + len(v.drafts)
+
+    def close(self) -> None:
+        self.stream.close()
+        self.engine = None  # type: ignore[assignment]
