@@ -196,6 +196,9 @@ def _check_draft_model(opts: RunOptions, model_cfg: ModelConfig) -> None:
     if cfg.vocab_size != model_cfg.vocab_size or cfg.is_encoder_decoder:
         raise UserError(f"--speculative-config model {spec.model!r}: a decoder-only model with the target's "
                         f"vocabulary ({model_cfg.vocab_size} tokens) is needed, not {cfg.vocab_size}")
+    if opts.max_seq_len is not None and cfg.max_position_embeddings < opts.max_seq_len:
+        raise UserError(f"--speculative-config model {spec.model!r}: its context ({cfg.max_position_embeddings}) is "
+                        f"shorter than --max-seq-len ({opts.max_seq_len})")
 
 
 def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool = True, report: bool = True,

@@ -36,7 +36,12 @@ GREEDY = SamplingParams(ignore_eos=True)  # drafts: argmax, never a finish
 class _DraftRow:
     """The draft engine's view of a request: its slot and tokens, greedy sampling that never stops."""
 
-    sampling, width, encoder_len, num_output_tokens, max_new_tokens, num_scheduled_samples = GREEDY, 1, 0, 0, 2**40, 0
+    sampling = GREEDY
+    width = 1  # one row, no beams
+    encoder_len = 0
+    num_output_tokens = 0  # the draft's sampler counter starts at 0 (greedy: unused)
+    max_new_tokens = 2**40  # never a length finish
+    num_scheduled_samples = 0
 
     def __init__(self, request: Request) -> None:
         self.request = request
