@@ -26,6 +26,7 @@ class OverlapStrategy(InflightStrategy):
     # of it (speculation.propose_drafts; the device verifies them after the real token); a request
     # verifying in step n sits step n + 1 out, as its next position is known only once n's outputs are read.
     speculates = True
+    drafts_with_engine = False  # a draft model would need n's token, still on the device, to draft for n + 1
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         for r in list(self.running):

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from strategies.base import Strategy
+from strategies.drafting import DraftingStrategy
 from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.request import Request, Status
 from strategies.speculation import propose_drafts
 
 
-class StaticStrategy(Strategy):
+class StaticStrategy(DraftingStrategy):
     name = "static"
     speculates = True
 
@@ -28,6 +28,7 @@ class StaticStrategy(Strategy):
         self._to_prefill: deque[Request] = deque()
         self._longest = 0  # the batch's padded prompt length
         self._encoder_tokens = 0  # the batch's encoder inputs, run in its first forward
+        self._start_drafter()
 
     def max_tokens_per_step(self) -> int:
         # a prompt longer than the token budget prefills alone, whole: static batching cannot chunk a row
@@ -106,8 +107,12 @@ class StaticStrategy(Strategy):
         last = self.config.max_seq_len - 1
         spec = self.config.speculative
         budget = self.config.max_num_tokens - len(self.batch)  # room for drafts beside one token per row
+        held, tpb = self.kv.held_blocks, self.kv.tokens_per_block
         for r in self.batch:  # finished rows too: they are computed and their output discarded
-            position = min(r.num_computed_tokens, last)
+            # ...within the blocks the row holds: a row that finished early by accepting drafts would otherwise
+            # step past its reservation and write, through a block-table entry it does not hold, into another
+            # request's block
+            position = min(r.num_computed_tokens, last, held[r.slot] * tpb - 1)
             # A running row may verify drafts instead: they stay within its reservation (prompt +
             # max_new_tokens), as propose_drafts never reaches past max_new_tokens.
             drafts = propose_drafts(r, spec, budget + 1) if spec and r.status is Status.RUNNING else ()

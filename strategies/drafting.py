@@ -1,0 +1,70 @@
+"""Speculative decoding with a draft model, for the strategies whose host knows each request's last token when
+it schedules (static, in-flight; overlap's is still on the device then): a second engine proposes the drafts
+of a step's verifying rows just before the step is launched (``strategies/runtime/spec/draft_model.py``).
+On the simulated device the draft's passes are priced by the cost model instead, and no engine is built.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from strategies.base import Strategy
+from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.device.factory import make_stream
+from strategies.runtime.device.stream import DeviceWork
+from strategies.runtime.engine import Engine
+from strategies.runtime.iteration import IterationRecord
+from strategies.runtime.spec.draft_model import DraftModel, load_draft_model
+
+
+class DraftingStrategy(Strategy):
+    """A strategy whose verifying steps may take their drafts from a draft model's engine."""
+
+    drafter: DraftModel | None = None
+    drafts_with_engine: ClassVar[bool] = True  # False: the host cannot know the last token when it drafts
+
+
+    def _start_drafter(self) -> None:
+        """Build the draft engine if the config asks for one (call at the end of ``__init__``)."""
+        spec = self.config.speculative
+        if spec is None or spec.method != "draft_model" or self.config.device == "sim":
+            return
+        if not self.drafts_with_engine:
+            super().close()
+            raise ValueError(f"{self.name}: a draft engine needs each request's last token when it drafts")
+        try:
+            self.drafter = self._draft_model()
+        except BaseException:
+            super().close()
+            raise
+
+    def _draft_model(self) -> DraftModel:
+        """The draft model's engine, on a device stream of its own, sized like the target's."""
+        c = self.config
+        assert c.speculative is not None and c.speculative.model is not None
+        cfg, model = load_draft_model(c.speculative.model, self.model_cfg, c.compile)
+        stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory, c.cpu_device)
+        try:
+            engine = stream.build_engine(Engine, cfg, model, num_slots=c.max_batch_size, max_seq_len=c.max_seq_len,
+                                         max_tokens=c.max_batch_size * c.max_seq_len, max_batch=c.max_batch_size,
+                                         num_buffer_sets=1, num_blocks=c.total_kv_blocks,
+                                         tokens_per_block=c.tokens_per_block)
+        except BaseException:
+            stream.close()
+            raise
+        stream.ready()
+        return DraftModel(engine, stream)
+
+    def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
+        if self.drafter is not None and batch.verify:  # the draft's passes first: the step verifies their tokens
+            rec.draft_start_s = self.clock.now()
+            self.drafter.propose(batch.verify, self.kv.tables)
+            rec.draft_end_s = self.clock.now()
+        return super()._launch(rec, batch, bufs)
+
+    def close(self) -> None:
+        if self.drafter is not None:
+            self.drafter.close()
+            self.drafter = None
+        super().close()
