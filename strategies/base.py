@@ -94,17 +94,18 @@ class Strategy(Executor):
     def slot_tenures(self) -> list[SlotTenure]:
         return self.slots.tenures
 
-    def _local_engine(self, sizes: dict) -> tuple:
-        """(stream, engine) of a device this process drives: the CPU worker or a CUDA stream."""
-        c = self.config
+    def _local_engine(self, sizes: dict, cfg: ModelConfig | None = None, model: torch.nn.Module | None = None) -> tuple:
+        """(stream, engine) of a device this process drives (the CPU worker or a CUDA stream), for the
+        strategy's model or another one (a draft model's engine)."""
+        c, cfg, model = self.config, cfg or self.model_cfg, self.model if model is None else model
         stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory, c.cpu_device)
         try:
-            if self.model_cfg.is_encoder_decoder:
+            if cfg.is_encoder_decoder:
                 from strategies.runtime.encdec_engine import EncoderDecoderEngine
 
-                return stream, stream.build_engine(EncoderDecoderEngine, self.model_cfg, self.model,
+                return stream, stream.build_engine(EncoderDecoderEngine, cfg, model,
                                                    cross_blocks=c.total_cross_kv_blocks, **sizes)
-            return stream, stream.build_engine(Engine, self.model_cfg, self.model, **sizes)
+            return stream, stream.build_engine(Engine, cfg, model, **sizes)
         except BaseException:  # a refused size: no worker thread or CPU budget is left behind
             stream.close()
             raise

@@ -11,9 +11,7 @@ from typing import ClassVar
 from strategies.base import Strategy
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
-from strategies.runtime.device.factory import make_stream
 from strategies.runtime.device.stream import DeviceWork
-from strategies.runtime.engine import Engine
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.spec.draft_model import DraftModel, load_draft_model
 
@@ -23,7 +21,6 @@ class DraftingStrategy(Strategy):
 
     drafter: DraftModel | None = None
     drafts_with_engine: ClassVar[bool] = True  # False: the host cannot know the last token when it drafts
-
 
     def _start_drafter(self) -> None:
         """Build the draft engine if the config asks for one (call at the end of ``__init__``)."""
@@ -44,15 +41,11 @@ class DraftingStrategy(Strategy):
         c = self.config
         assert c.speculative is not None and c.speculative.model is not None
         cfg, model = load_draft_model(c.speculative.model, self.model_cfg, c.compile)
-        stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory, c.cpu_device)
-        try:
-            engine = stream.build_engine(Engine, cfg, model, num_slots=c.max_batch_size, max_seq_len=c.max_seq_len,
-                                         max_tokens=c.max_batch_size * c.max_seq_len, max_batch=c.max_batch_size,
-                                         num_buffer_sets=1, num_blocks=c.total_kv_blocks,
-                                         tokens_per_block=c.tokens_per_block)
-        except BaseException:
-            stream.close()
-            raise
+        # its first pass takes in every verifying row's unseen tokens (a whole prompt at first): room for all
+        sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": c.max_batch_size
+                 * c.max_seq_len, "max_batch": c.max_batch_size, "num_buffer_sets": 1,
+                 "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block}
+        stream, engine = Strategy._local_engine(self, sizes, cfg, model)  # never a subclass's own extras
         stream.ready()
         return DraftModel(engine, stream)
 
