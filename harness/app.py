@@ -189,13 +189,12 @@ def _check_draft_model(opts: RunOptions, model_cfg: ModelConfig) -> None:
     spec = opts.speculative()
     if spec is None or spec.model is None or opts.device == "sim":
         return
+    from strategies.runtime.spec.draft_model import draft_config
+
     try:
-        cfg = resolve_model_config(spec.model)
+        cfg = draft_config(spec.model, model_cfg)
     except ValueError as exc:
-        raise UserError(f"--speculative-config model: {exc}".replace("--model ", "")) from None
-    if cfg.vocab_size != model_cfg.vocab_size or cfg.is_encoder_decoder:
-        raise UserError(f"--speculative-config model {spec.model!r}: a decoder-only model with the target's "
-                        f"vocabulary ({model_cfg.vocab_size} tokens) is needed, not {cfg.vocab_size}")
+        raise UserError(str(exc).replace("--model ", "--speculative-config model: ", 1)) from None
     if opts.max_seq_len is not None and cfg.max_position_embeddings < opts.max_seq_len:
         raise UserError(f"--speculative-config model {spec.model!r}: its context ({cfg.max_position_embeddings}) is "
                         f"shorter than --max-seq-len ({opts.max_seq_len})")

@@ -53,13 +53,19 @@ class _DraftRow:
         return self.request.token_ids
 
 
-def load_draft_model(name_or_path: str, target: ModelConfig, compile: bool) -> tuple[ModelConfig, torch.nn.Module]:
-    """The draft: a preset (seeded random weights) or a checkpoint directory, in the target's dtype; it must
-    share the target's vocabulary (its tokens are the target's)."""
+def draft_config(name_or_path: str, target: ModelConfig) -> ModelConfig:
+    """The draft's config, in the target's dtype: a preset or a checkpoint directory of a decoder-only model
+    that shares the target's vocabulary (its tokens are the target's)."""
     cfg = resolve_model_config(name_or_path).with_dtype(target.dtype)
     if cfg.vocab_size != target.vocab_size or cfg.is_encoder_decoder:
         raise ValueError(f"--speculative-config model {name_or_path!r}: a decoder-only model with the target's "
-                         f"vocabulary ({target.vocab_size} tokens) is needed, got {cfg.vocab_size}")
+                         f"vocabulary ({target.vocab_size} tokens) is needed, not {cfg.vocab_size}")
+    return cfg
+
+
+def load_draft_model(name_or_path: str, target: ModelConfig, compile: bool) -> tuple[ModelConfig, torch.nn.Module]:
+    """The draft (``draft_config``): a preset's seeded random weights or the checkpoint's."""
+    cfg = draft_config(name_or_path, target)
     model = build_model(cfg) if name_or_path in PRESETS else load_checkpoint(name_or_path, cfg)
     return cfg, (script_model(model) if compile else model)
 
