@@ -33,6 +33,7 @@ from tests.util import (
     run_strategy,
     still_alive,
     tiny_models,
+    wait_for_progress,
 )
 
 
@@ -201,7 +202,7 @@ def test_ctrl_c_exits_130_and_leaves_no_device_process(tmp_path):
                             env=dict(os.environ))
     devices = child_pids(proc, "process_server", 2)  # a device process per worker
     assert len(devices) == 2
-    time.sleep(2.0)  # serving
+    wait_for_progress(proc, "disagg", 5)  # serving: some requests finished (a fixed sleep was not enough in CI)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
