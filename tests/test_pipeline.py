@@ -33,6 +33,7 @@ from tests.util import (
     run_strategy,
     still_alive,
     tiny_models,
+    wait_for_progress,
 )
 
 pytestmark = pytest.mark.xdist_group("pipeline")  # one worker: its module fixture is built once
@@ -181,7 +182,7 @@ def test_ctrl_c_stops_every_stage(tmp_path):
                             env=dict(os.environ))
     stages = child_pids(proc, "spawn_main", 2)  # the stage processes: the CLI's spawned children
     assert len(stages) == 2
-    time.sleep(2.0)  # serving
+    wait_for_progress(proc, "pipeline", 5)  # serving
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
