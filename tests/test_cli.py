@@ -189,3 +189,22 @@ def test_sigint_writes_what_was_measured_and_exits_130(tmp_path):
     assert set(req["status"]) <= {"finished", "failed"} and (req["status"] == "failed").any()
     assert (req["status"] == "finished").any()
     assert req.loc[req["status"] == "failed", "finish_reason"].eq("interrupted (SIGINT)").all()
+
+
+def test_console_script_leaves_without_teardown_yet_loses_nothing(tmp_path):
+    """``slotbench`` (``cli.entry``) skips the interpreter's teardown with ``os._exit``: its exit codes,
+    piped stdout and files are those of ``main``, and exit handlers still run (here one writes a marker)."""
+    hook = "import atexit, pathlib, sys; m = pathlib.Path(sys.argv.pop()); atexit.register(m.write_text, 'ran'); "
+    entry = [sys.executable, "-c", hook + "from harness.cli import entry; entry()"]
+    sim = ["run", "--device", "sim", "--model-spec", "llama-3-8b", "--num-prompts", "20", "--strategies", "inflight"]
+    out = tmp_path / "r"
+    p = subprocess.run([*entry, *sim, "--out", str(out), str(tmp_path / "marker")], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert "inflight" in p.stdout and p.stdout.endswith("\n")  # the summary table, flushed through the pipe
+    assert len(pd.read_parquet(out / "inflight" / "requests.parquet")) == 20 and (out / "report.html").is_file()
+    assert (tmp_path / "marker").read_text() == "ran"
+    bad = subprocess.run([*entry, *sim, "--max-batch-size", "0", "--out", str(tmp_path / "x"), str(tmp_path / "m2")],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--max-batch-size must be positive" in bad.stderr
+    assert (tmp_path / "m2").read_text() == "ran"
