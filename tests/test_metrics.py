@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.metrics import engine_metrics, host_hidden_fraction
+from harness.metrics import engine_metrics, host_hidden_fraction, token_gaps
 from harness.output.records import iterations_frame
 from strategies.config import ExecutorConfig
 from strategies.runtime.request import SamplingParams
@@ -59,3 +59,16 @@ def test_overlap_hides_host_time():
     """Overlap schedules step n+1 and postprocesses n while n+1 runs (seen: 0.2-0.9 of its host time)."""
     m = host_device_metrics("overlap")
     assert 0 < m["overlap_headroom"] < 1 and m["host_hidden_fraction"] > 0
+
+
+def test_token_gaps_are_each_requests_own_gaps():
+    """One diff over every request's times, cut at request boundaries: against a diff per request, with
+    requests of no token, one token, and a request id with no times at all."""
+    rng = np.random.default_rng(3)
+    times = {f"r{i}": np.cumsum(rng.random(int(n))).tolist() for i, n in enumerate(rng.integers(0, 6, 40))}
+    ids = [*times, "absent"]
+    gaps, counts = token_gaps(times, ids)
+    per_request = [np.diff(np.asarray(times.get(r, ()), float)) for r in ids]
+    assert counts.tolist() == [len(g) for g in per_request]
+    assert np.array_equal(gaps, np.concatenate(per_request))
+    assert token_gaps({}, ["a"])[0].shape == (0,) and token_gaps({}, [])[1].shape == (0,)

@@ -12,11 +12,14 @@ arrivals.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 
 import numpy as np
 import pandas as pd
+
+from harness.metrics import token_gaps
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
@@ -28,8 +31,9 @@ def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: 
     arrival = requests["arrival_s"].to_numpy(float)
     first = requests["first_token_s"].to_numpy(float)
     finish = requests["finish_s"].to_numpy(float)
-    itls = [np.diff(np.asarray(token_times.get(rid, ()), float)).tolist() if good else []
-            for rid, good in zip(requests["request_id"], ok, strict=True)]
+    gaps, counts = token_gaps(token_times, requests["request_id"])
+    flat, ends = gaps.tolist(), np.cumsum(counts).tolist()
+    itls = [flat[e - c:e] if good else [] for e, c, good in zip(ends, counts.tolist(), ok.tolist(), strict=True)]
     rate = options.get("request_rate", math.inf)
     out: dict = {
         "date": time.strftime("%Y%m%d-%H%M%S"), "endpoint_type": "slotbench", "backend": "slotbench",
@@ -73,8 +77,11 @@ def _peaks(start: np.ndarray, end: np.ndarray, token_times: dict[str, list[float
     if len(start) == 0:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     t0 = float(start.min())
-    tokens = np.concatenate([np.asarray(token_times.get(r, ()), float) for r in request_ids])
+    lists = [token_times.get(r, ()) for r in request_ids]
+    tokens = np.fromiter(itertools.chain.from_iterable(lists), float, sum(map(len, lists)))
     buckets = np.bincount(np.floor(tokens - t0).astype(int)) if len(tokens) else np.zeros(1)
-    events = sorted([(s, 1) for s in start] + [(e, -1) for e in end])
-    peak = int(np.max(np.cumsum([d for _, d in events])))
+    times = np.concatenate((start, end))
+    steps = np.concatenate((np.ones(len(start), np.int64), -np.ones(len(end), np.int64)))
+    order = np.lexsort((steps, times))  # by time, an end (-1) before a start (+1) at a tie
+    peak = int(np.max(np.cumsum(steps[order])))
     return {"max_output_tokens_per_s": float(buckets.max()), "max_concurrent_requests": peak}
