@@ -103,14 +103,15 @@ class Engine:
                                                ("sample", self._sample, (bufs,))])
 
     def outputs(self, bufs: BufferSet) -> list[list[int]]:
-        """[token, finish code] per request; valid once the step's work is waited for."""
-        return bufs.step.out.host[:len(bufs.step.rows)].tolist()
+        """[token, finish code] per request; valid once the step's work is waited for. Read through the numpy
+        view: no torch call on the host's per-iteration path (tests/test_host_path.py)."""
+        return bufs.step.out.np[:len(bufs.step.rows)].tolist()
 
     def verify_outputs(self, bufs: BufferSet) -> list[list[int]]:
         """Speculative decoding, per verifying request: K + 1 target tokens, tokens received, finish code,
         drafts received (``DraftTokens.out``); valid once the step's work is waited for."""
         d = bufs.drafts
-        return d.out.host[:d.num_rows].tolist() if d is not None else []
+        return d.out.np[:d.num_rows].tolist() if d is not None else []
 
     def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
         """The finished hypotheses of beam requests the device has finished, best first, each as (tokens,

@@ -39,7 +39,7 @@ from strategies.runtime.buffers.process_memory import HostSideMemory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.compute import resolve_threads
 from strategies.runtime.device.nvtx import Nvtx
-from strategies.runtime.device.process_server import POLL_S, poll_for
+from strategies.runtime.device.process_server import HOST_WAIT_POLL_S, poll_for
 from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece
 
 START_TIMEOUT_S = 120.0  # imports (torch) on a loaded machine
@@ -229,7 +229,7 @@ class ProcessStream(DeviceStream):
     def wait(self, work: DeviceWork) -> float:
         t = time.perf_counter()
         while not work.done():
-            poll_for(self._server.conn, POLL_S)  # type: ignore[union-attr]
+            poll_for(self._server.conn, HOST_WAIT_POLL_S)  # type: ignore[union-attr]
             self._receive()
         waited = time.perf_counter() - t
         self._raise_failure(work)

@@ -30,6 +30,11 @@ from strategies.runtime.device.stream import DeviceStream, DeviceWork
 # (and CUDA's default wait spins too). After a step, the device polls through the host's next schedule and
 # prepare, so it starts the next step warm; a run with nothing to do blocks after POLL_S.
 POLL_S = 0.002
+# The host waiting for a step it launched polls through the whole step (up to this long), as a CUDA host
+# spins in synchronize: one that blocked after POLL_S woke cold, and its next postprocess and prepare ran
+# slower for it (default run, inflight host time 0.32-0.36 -> 0.27 ms per iteration). Each turn yields
+# the core, so the device's threads and other processes still run.
+HOST_WAIT_POLL_S = 0.1
 
 
 def poll_for(conn: Connection, seconds: float) -> None:
