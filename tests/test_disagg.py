@@ -73,6 +73,8 @@ def test_tokens_equal_one_request_alone(kw):
     specs = _specs()
     if kw.get("prefix_caching"):  # a shared 32-token prefix, read from the prefill side's cache
         specs = [([7] * 32 + p[:12], n, s) for p, n, s in specs]
+    if kw.get("kv_blocks"):  # 44-60 tokens each (3-4 blocks of 16): any two on one worker outgrow its 6 blocks,
+        specs = [(p, 20, s) for p, n, s in _specs(prompt=(24, 41))]  # whatever the workers' timing
     requests = make_requests(specs)
     s = run_strategy("disagg", TINY64, model, _config(**kw), requests, keep_open=True)
     try:
