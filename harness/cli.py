@@ -17,6 +17,7 @@ import threading
 import time
 from dataclasses import fields
 from pathlib import Path
+from typing import NoReturn
 
 import pandas as pd
 
@@ -266,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def entry() -> None:
+def entry() -> NoReturn:
     """The console script: ``main``, then leave without the interpreter's teardown. Finalising torch's,
     pandas' and plotly's modules took 0.45 s of a 3.3 s simulated run (issue 27) and does nothing a user
     needs: files are closed where they are written, and exit handlers (Ray, multiprocessing's children,
