@@ -12,14 +12,13 @@ arrivals.
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 
 import numpy as np
 import pandas as pd
 
-from harness.metrics import token_gaps
+from harness.metrics import flat_token_times, token_gaps
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
@@ -77,8 +76,7 @@ def _peaks(start: np.ndarray, end: np.ndarray, token_times: dict[str, list[float
     if len(start) == 0:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     t0 = float(start.min())
-    lists = [token_times.get(r, ()) for r in request_ids]
-    tokens = np.fromiter(itertools.chain.from_iterable(lists), float, sum(map(len, lists)))
+    tokens = flat_token_times(token_times, request_ids)[0]
     buckets = np.bincount(np.floor(tokens - t0).astype(int)) if len(tokens) else np.zeros(1)
     times = np.concatenate((start, end))
     steps = np.concatenate((np.ones(len(start), np.int64), -np.ones(len(end), np.int64)))
