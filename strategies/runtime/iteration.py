@@ -61,7 +61,8 @@ class IterationRecord:
     kv_blocks_cached: int = 0  # cached blocks nobody holds: free, but reusable by a prefix hit
     kv_evictions: int = 0  # cached blocks wiped by this iteration's allocations
     preemptions: int = 0  # requests preempted by this iteration's schedule
-    # Speculative decoding (vLLM's counters): verifying requests (each proposed >= 1 draft), their draft
+    # Speculative decoding (vLLM's counters): verifying requests whose outcome was read (each proposed >= 1
+    # draft; one preempted with its step in flight received nothing and is not counted), their draft
     # tokens, the drafts requests received (the target agreed, before a stop or the length limit), and
     # of those, how many at each draft position (0-based).
     spec_drafts: int = 0
