@@ -204,11 +204,6 @@ class RunOptions:
             return
         from strategies.registry import get_strategy
 
-        spec = self.speculative()
-        if spec is not None and spec.method == "draft_model" and self.device != "sim" and "overlap" in self.strategies:
-            raise UserError("--speculative-config method draft_model: overlap's host does not know a request's last "
-                            "token when it drafts (static and inflight run a draft engine; overlap: ngram here, or "
-                            "draft_model priced on --device sim)")
         for name in self.strategies:
             if not get_strategy(name).speculates:
                 raise UserError(f"--speculative-config: {name} does not speculate (static, inflight and "

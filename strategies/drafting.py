@@ -1,12 +1,11 @@
-"""Speculative decoding with a draft model, for the strategies whose host knows each request's last token when
-it schedules (static, in-flight; overlap's is still on the device then): a second engine proposes the drafts
-of a step's verifying rows just before the step is launched (``strategies/runtime/spec/draft_model.py``).
+"""Speculative decoding with a draft model (static, in-flight, overlap): a second engine proposes the drafts of
+a step's verifying rows just before the step is launched (``strategies/runtime/spec/draft_model.py``). Under
+overlap that is while the previous step runs, and a row whose last token is still on the device drafts past the
+draft's guess of it.
 On the simulated device the draft's passes are priced by the cost model instead, and no engine is built.
 """
 
 from __future__ import annotations
-
-from typing import ClassVar
 
 from strategies.base import Strategy
 from strategies.runtime.batch import ScheduledBatch
@@ -20,16 +19,12 @@ class DraftingStrategy(Strategy):
     """A strategy whose verifying steps may take their drafts from a draft model's engine."""
 
     drafter: DraftModel | None = None
-    drafts_with_engine: ClassVar[bool] = True  # False: the host cannot know the last token when it drafts
 
     def _start_drafter(self) -> None:
         """Build the draft engine if the config asks for one (call at the end of ``__init__``)."""
         spec = self.config.speculative
         if spec is None or spec.method != "draft_model" or self.config.device == "sim":
             return
-        if not self.drafts_with_engine:
-            super().close()
-            raise ValueError(f"{self.name}: a draft engine needs each request's last token when it drafts")
         try:
             self.drafter = self._draft_model()
         except BaseException:

@@ -242,8 +242,6 @@ def test_counters_follow_vllms_definitions(tmp_path):
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": 0.5}'], "only the simulated device forces"),
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": 1.5}', "--device", "sim"], "must be in [0, 1]"),
     (["--speculative-config", '{"method": "ngram", "acceptance_rate": "hi"}'], "must be a number"),
-    (["--speculative-config", '{"method": "draft_model", "model": "tiny"}', "--strategies", "overlap"],
-     "overlap's host does not know a request's last token"),
     (["--speculative-config", '{"method": "draft_model", "model": "tiny-bart"}'], "with the target's vocabulary"),
     (["--speculative-config", '{"method": "draft_model", "model": "/nonexistent"}'], "--speculative-config model:"),
     (["--speculative-config", '{"method": "draft_model", "acceptance_rate": 0.5}', "--device", "sim"],
@@ -314,23 +312,27 @@ def _draft_specs(n: int = 8, greedy: bool = False) -> list:
              SamplingParams(temperature=0.0 if greedy or i % 2 == 0 else 0.8, seed=i)) for i in range(n)]
 
 
-@pytest.mark.parametrize("kw", [
-    {"cpu_device": "thread"},
-    {},  # the draft's engine in a device process of its own
-    {"device_memory": "split"},
-    {"capacity_policy": "max-utilization", "kv_blocks": 8},  # preempted requests start their draft over
-    {"prefix_caching": True},
-], ids=["thread", "process", "split", "preempt", "prefix"])
-def test_a_draft_model_that_is_the_target_is_always_right(kw):
+@pytest.mark.parametrize("name,kw", [
+    ("inflight", {"cpu_device": "thread"}),
+    ("inflight", {}),  # the draft's engine in a device process of its own
+    ("inflight", {"device_memory": "split"}),
+    ("inflight", {"capacity_policy": "max-utilization", "kv_blocks": 8}),  # preempted requests start their draft over
+    ("inflight", {"prefix_caching": True}),
+    ("overlap", {}),  # the draft's passes run while the target's previous step does
+    ("overlap", {"device_memory": "split"}),
+    ("overlap", {"capacity_policy": "max-utilization", "kv_blocks": 8}),
+], ids=["thread", "process", "split", "preempt", "prefix", "overlap", "overlap-split", "overlap-preempt"])
+def test_a_draft_model_that_is_the_target_is_always_right(name, kw):
     """With the target itself as the draft (tiny, same seed: the same weights) every greedy draft is the
-    target's own next token: all are accepted, and the tokens are each request's alone."""
+    target's own next token — under overlap the draft's guess of a pending token too: all are accepted, and
+    the tokens are each request's alone."""
     eager, model = tiny_models()
     specs = _draft_specs(greedy=True)
     if kw.get("prefix_caching"):
         specs = [([7] * 16 + p[:16], n, s) for p, n, s in specs]
     reqs = make_requests(specs)
-    s = run_strategy("inflight", TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32,
-                                                               speculative=DRAFT, **kw), reqs)
+    s = run_strategy(name, TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32,
+                                                         speculative=DRAFT, **kw), reqs)
     drafted = sum(r.spec_draft_tokens for r in s.records)
     assert drafted > 100 and sum(r.spec_accepted_tokens for r in s.records) == drafted
     assert all(r.output_token_ids == reference_decode(eager, TINY64, r) for r in reqs)
@@ -338,33 +340,41 @@ def test_a_draft_model_that_is_the_target_is_always_right(kw):
         assert sum(r.preemptions for r in s.records) > 0
 
 
-def test_draft_model_proposals_are_the_drafts_greedy_continuation(monkeypatch):
+@pytest.mark.parametrize("name", ["inflight", "overlap"])
+def test_draft_model_proposals_are_the_drafts_greedy_continuation(monkeypatch, name):
     """Every proposal, step after step, equals the draft model's greedy continuation of what the request
     holds (recomputed from scratch): the draft's keys are rewound to what the target accepted, so a
-    rejection (sampled requests reject often) leaves no stale key behind. Tokens equal each request alone."""
+    rejection (sampled requests reject often) leaves no stale key behind. Under overlap a row whose last
+    token is still on the device continues one token further: the first is its guess, the rest the drafts
+    (and a wrong guess's key is not kept). Tokens equal each request alone."""
     from strategies.runtime.spec.draft_model import DraftModel
 
     eager, model = tiny_models()
-    checked = []
+    checked, guessed = [], []
     propose = DraftModel.propose
 
     def spy(self, steps, tables):
         propose(self, steps, tables)
         for v in steps:
             r = v.request
-            alone = Request("x", r.token_ids[:v.position + 1].copy(), len(v.drafts), SamplingParams(ignore_eos=True))
-            checked.append(v.drafts.tolist() == reference_decode(eager, TINY64, alone))
+            held = r.token_ids[:v.position + 1].copy()  # under overlap it may end before the chunk's first
+            pending = len(held) == v.position
+            guessed.append(pending)
+            alone = Request("x", held, len(v.drafts) + pending, SamplingParams(ignore_eos=True))
+            checked.append(v.drafts.tolist() == reference_decode(eager, TINY64, alone)[pending:])
 
     monkeypatch.setattr(DraftModel, "propose", spy)
     reqs = make_requests(_draft_specs())
-    s = run_strategy("inflight", TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32,
-                                                               speculative=DRAFT, cpu_device="thread"), reqs)
+    s = run_strategy(name, TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32,
+                                                         speculative=DRAFT, cpu_device="thread"), reqs)
     rejected = sum(r.spec_draft_tokens - r.spec_accepted_tokens for r in s.records)
     assert len(checked) > 30 and all(checked) and rejected > 50
+    assert any(guessed) == (name == "overlap")
     assert all(r.output_token_ids == reference_decode(eager, TINY64, r) for r in reqs)
 
 
-def test_draft_model_equals_hugging_faces_assisted_generation(hf_checkpoint, tmp_path):
+@pytest.mark.parametrize("name", ["inflight", "overlap"])
+def test_draft_model_equals_hugging_faces_assisted_generation(hf_checkpoint, tmp_path, name):
     """A checkpoint verified against a one-layer assistant of its vocabulary gives Hugging Face's
     ``generate(assistant_model=...)`` (greedy), and the assistant is sometimes right, sometimes not."""
     import transformers
@@ -382,7 +392,7 @@ def test_draft_model_equals_hugging_faces_assisted_generation(hf_checkpoint, tmp
     prompts = [(rng.integers(3, 300, size=4).tolist() * 3)[: int(n)] for n in (7, 12, 9, 11)]
     reqs = make_requests([(p, 20, SamplingParams()) for p in prompts])
     spec = SpecConfig(method="draft_model", model=str(tmp_path / "draft"), num_speculative_tokens=3)
-    s = run_strategy("inflight", cfg, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, speculative=spec), reqs)
+    s = run_strategy(name, cfg, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, speculative=spec), reqs)
     for p, r in zip(prompts, reqs, strict=True):
         ids = torch.tensor([p])
         ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,

@@ -22,11 +22,11 @@ from strategies.runtime.iteration import IterationRecord
 class OverlapStrategy(InflightStrategy):
     name = "overlap"
     num_buffer_sets = 2
-    # Speculation: a request whose token of step n is still on the device looks up drafts past a guess
-    # of it (speculation.propose_drafts; the device verifies them after the real token); a request
-    # verifying in step n sits step n + 1 out, as its next position is known only once n's outputs are read.
+    # Speculation: a request whose token of step n is still on the device drafts past a guess of it (n-gram:
+    # speculation.propose_drafts; a draft model: spec/draft_model.py) while n runs; the device verifies them
+    # after the real token. A request verifying in step n sits step n + 1 out, as its next position is known
+    # only once n's outputs are read.
     speculates = True
-    drafts_with_engine = False  # a draft model would need n's token, still on the device, to draft for n + 1
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         for r in list(self.running):

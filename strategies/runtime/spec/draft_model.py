@@ -10,7 +10,8 @@ added, and the drafts it accepted the draft had no keys for) as a chunk, and sam
 d(j-1), read on the device from the draft's decoder state as any generation input is, and samples dj.
 Drafts are greedy: a deterministic proposal, which is what the accept step's rejection sampling assumes
 (``decoder/accept.py``). The host waits for each pass (TensorRT-LLM keeps that loop on the device; here it
-is k synchronised steps).
+is k synchronised steps). Under overlap a row whose last token is still on the device drafts past the draft's
+own guess of it (``propose``).
 
 Rollback: after verification the draft's keys are valid up to the last position whose input was right,
 ``Request.draft_computed`` = p + 1 + min(accepted, k - 1); the next pass 1 starts there. A preempted
@@ -77,30 +78,40 @@ class DraftModel:
 
     def propose(self, steps: list[VerifyStep], tables: np.ndarray) -> None:
         """Fill each step's drafts in place (``VerifyStep.drafts``, k of them) with the draft's greedy tokens.
-        ``tables [S, 1, MB]``: the target's block tables."""
+        ``tables [S, 1, MB]``: the target's block tables.
+
+        A row whose last token is still on the device (overlap: pending, position p = what the host holds)
+        takes one pass more: pass 1 feeds what the host holds and samples a guess of the pending token, which
+        pass 2 feeds at p; the k passes after the guess are its drafts. The target's chunk starts with the
+        real token (read on the device), so a wrong guess costs acceptance, never a token; the draft's key at
+        p came from the guess, so its keys count only up to p afterwards."""
         rows = [_DraftRow(v.request) for v in steps]
+        guessed = [int(len(v.request.token_ids) == v.position) for v in steps]  # the pending rows: 1 pass more
         batch = ScheduledBatch(-1)
-        for v, row in zip(steps, rows, strict=True):
-            start = v.request.draft_computed
-            batch.context.append(ContextChunk(row, start, v.position + 1 - start, True))  # type: ignore[arg-type]
+        for v, row, g in zip(steps, rows, guessed, strict=True):
+            start = min(v.request.draft_computed, v.position - g)  # pass 1 feeds >= 1 token, to sample from
+            batch.context.append(ContextChunk(row, start, v.position + 1 - g - start, True))  # type: ignore[arg-type]
             if start == 0:  # a new tenure of the slot: the draft's decoder-state row is reset
                 batch.admitted.append(row)  # type: ignore[arg-type]
-        for j in range(max(len(v.drafts) for v in steps)):
-            if j:  # pass j + 1: one token for each row that wants more than j drafts
+        for j in range(max(len(v.drafts) + g for v, g in zip(steps, guessed, strict=True))):
+            if j:  # pass j + 1: one token for each row that wants another
                 batch = ScheduledBatch(-1)
-                for v, row in zip(steps, rows, strict=True):
-                    if len(v.drafts) > j:
-                        batch.add_generation(row, v.position + j)  # type: ignore[arg-type]
+                for v, row, g in zip(steps, rows, guessed, strict=True):
+                    if len(v.drafts) + g > j:
+                        batch.add_generation(row, v.position + j - g)  # type: ignore[arg-type]
             batch.no_beams()
             bufs = self.engine.buffer_sets[0]
             self.engine.prepare(batch, bufs, tables)
             self.stream.wait(self.engine.launch(-1, bufs))
             tokens = iter(tok for tok, _ in self.engine.outputs(bufs))
-            for v in steps:
-                if len(v.drafts) > j:
-                    v.drafts[j] = next(tokens)
-        for v in steps:  # keys through the last draft fed in (postprocess rewinds to what was accepted)
-            v.request.draft_computed = v.position + len(v.drafts)
+            for v, g in zip(steps, guessed, strict=True):
+                if len(v.drafts) + g > j:
+                    token = next(tokens)
+                    if j >= g:  # a guessed row's first token is the guess, not a draft
+                        v.drafts[j - g] = token
+        for v, g in zip(steps, guessed, strict=True):  # keys through the last draft fed in (postprocess
+            # rewinds to what was accepted); a guessed row's only up to its pending position
+            v.request.draft_computed = v.position if g else v.position + len(v.drafts)
 
     def close(self) -> None:
         self.stream.close()
