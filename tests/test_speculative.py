@@ -313,6 +313,7 @@ def _draft_specs(n: int = 8, greedy: bool = False) -> list:
 
 
 @pytest.mark.parametrize("name,kw", [
+    ("static", {}),
     ("inflight", {"cpu_device": "thread"}),
     ("inflight", {}),  # the draft's engine in a device process of its own
     ("inflight", {"device_memory": "split"}),
@@ -321,7 +322,7 @@ def _draft_specs(n: int = 8, greedy: bool = False) -> list:
     ("overlap", {}),  # the draft's passes run while the target's previous step does
     ("overlap", {"device_memory": "split"}),
     ("overlap", {"capacity_policy": "max-utilization", "kv_blocks": 8}),
-], ids=["thread", "process", "split", "preempt", "prefix", "overlap", "overlap-split", "overlap-preempt"])
+], ids=["static", "thread", "process", "split", "preempt", "prefix", "overlap", "overlap-split", "overlap-preempt"])
 def test_a_draft_model_that_is_the_target_is_always_right(name, kw):
     """With the target itself as the draft (tiny, same seed: the same weights) every greedy draft is the
     target's own next token — under overlap the draft's guess of a pending token too: all are accepted, and

@@ -18,6 +18,7 @@ batch size where speculation stops paying (minutes of machine time).
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
@@ -69,3 +70,28 @@ def test_speculation_against_batch_size(model, goal_at_1, hf_init_small, tmp_pat
     benchmark.extra_info.update(speedup={b: s / p for b, p, s, *_ in rows})
     if goal_at_1 is not None:
         assert rows[0][2] / rows[0][1] >= goal_at_1
+
+
+@pytest.mark.speed
+def test_a_draft_model_under_overlap_against_inflight(hf_init_small, tmp_path, benchmark):
+    """The draft-model proposer under overlap (its passes for step n + 1 run while step n does) against the same
+    proposer under in-flight, at equal resources: the same device, target, draft, K and requests. The draft is
+    the target's own checkpoint, so acceptance is 1.0 in both and only the loop differs. Three alternating
+    runs per batch size; the median overlap/inflight output throughput is the figure."""
+    benchmark(lambda: None)  # whole runs, timed below
+    spec = json.dumps({"method": "draft_model", "model": hf_init_small, "num_speculative_tokens": 4})
+    print("\nbatch  inflight tok/s  overlap tok/s  overlap/inflight (median of 3)  acceptance")
+    medians = {}
+    for b in (1, 4, 16):
+        opts = RunOptions(model=hf_init_small, strategies=("inflight", "overlap"), num_prompts=max(8, 2 * b),
+                          input_len=64, output_len=128, ignore_eos=True, max_batch_size=b, speculative_config=spec)
+        runs = [execute(opts, tmp_path / f"b{b}-{i}", progress=False, report=False).summary.set_index("strategy")
+                for i in range(3)]
+        ratios = [s.loc["overlap", "output_throughput"] / s.loc["inflight", "output_throughput"] for s in runs]
+        medians[b] = statistics.median(ratios)
+        mid = runs[ratios.index(medians[b])].loc
+        print(f"{b:5d}  {mid['inflight', 'output_throughput']:14,.0f}  {mid['overlap', 'output_throughput']:13,.0f}"
+              f"  {medians[b]:.3f} ({', '.join(f'{r:.3f}' for r in ratios)})  "
+              f"{mid['overlap', 'spec_acceptance_rate']:.0%}")
+        assert mid["overlap", "spec_acceptance_rate"] == mid["inflight", "spec_acceptance_rate"] == 1.0
+    benchmark.extra_info.update(overlap_over_inflight=medians)
