@@ -175,11 +175,11 @@ def test_a_transfer_that_fails_on_the_receiver_fails_only_that_worker(monkeypatc
     receives: dict[int, int] = {}
     real = Engine.kv_recv
 
-    def flaky(self, n):
+    def flaky(self, n, peer=None):
         receives[id(self)] = receives.get(id(self), 0) + 1
         if receives[id(self)] == 3 and self is flaky.decode0:
             raise RuntimeError("link down")
-        return real(self, n)
+        return real(self, n, peer)
 
     monkeypatch.setattr(Engine, "kv_recv", flaky)
     requests = make_requests(_specs(16))

@@ -19,6 +19,8 @@ from dataclasses import replace
 from strategies.disagg.transceiver import KVTransceiver, WorkerDied
 from strategies.disagg.workers import DecodeWorker, PrefillWorker
 from strategies.fleet import Fleet, Worker
+from strategies.runtime.device.process import ProcessStream
+from strategies.runtime.kv_transfer.gloo_link import connect
 from strategies.runtime.kv_transfer.link import LinkModel
 from strategies.runtime.kv_transfer.staging import block_bytes
 from strategies.runtime.request import Request
@@ -26,6 +28,11 @@ from strategies.runtime.request import Request
 
 class DisaggStrategy(Fleet):
     name = "disagg"
+    _link_store: object = None  # the gloo link's rendezvous (device processes), kept as long as the link
+
+    def close(self) -> None:
+        super().close()  # the workers' engines go, and their ends of the link with them
+        self._link_store = None
 
     def _build(self) -> None:
         d = self.config.disagg
@@ -47,8 +54,12 @@ class DisaggStrategy(Fleet):
             nbytes = c.tokens_per_block * cost.kv_bytes_per_token
             staging = max(1, d.staging_bytes * cost.tp // nbytes)
             return KVTransceiver(self.clock, c.tokens_per_block, nbytes, staging, LinkModel(d, cost.tp))
+        ranks = None
+        if all(isinstance(w.stream, ProcessStream) for w in self.workers):  # a device process each: link them
+            self._link_store = connect([w.stream for w in self.workers])
+            ranks = {w: i for i, w in enumerate(self.workers)}
         return KVTransceiver(self.clock, c.tokens_per_block, block_bytes(self.model_cfg, c.tokens_per_block),
-                             self.prefill[0].staging_blocks(), None)
+                             self.prefill[0].staging_blocks(), None, ranks)
 
     def entry(self) -> list[Worker]:
         return [w for w in self.prefill if w in self.alive]

@@ -5,9 +5,10 @@ decode worker — the live one with the fewest requests — can give it a slot a
 starts. A worker's staging buffer serves one transfer at a time, so a transfer waits for both ends to be
 free. The prompt's blocks move in staging-buffer chunks:
 
-- on a real device (CPU, CUDA): the sender's ``kv_send`` piece on its stream, the host half handed across
-  (the link: a host copy here), the receiver's ``kv_recv`` piece on its stream; then the next chunk. The
-  host polls; nothing blocks it.
+- on a real device (CPU, CUDA): the sender's ``kv_send`` piece on its stream, then the receiver's
+  ``kv_recv`` piece on its; then the next chunk. Between device processes the blocks go over their gloo
+  link (``kv_transfer/gloo_link.py``); in one process the host copies the sender's host half to the
+  receiver's. The host polls; nothing blocks it.
 - on the simulated device: nothing moves; the link model prices the chunks, and the transfer ends on the
   virtual clock when the link says.
 
@@ -54,12 +55,13 @@ class Transfer:
 
 class KVTransceiver:
     def __init__(self, clock: Clock, tokens_per_block: int, block_bytes: int, staging_blocks: int,
-                 link: LinkModel | None) -> None:
+                 link: LinkModel | None, ranks: dict[Worker, int] | None = None) -> None:
         self.clock = clock
         self.tokens_per_block = tokens_per_block
         self.block_bytes = block_bytes  # bytes a block is on the link (per worker; the sim's: its TP group's)
         self.staging_blocks = staging_blocks  # blocks per chunk
         self.link = link  # None: a real device moves the bytes itself
+        self.ranks = ranks  # each worker's rank on the gloo link between device processes; None: the host relays
         self.queue: deque[tuple[Request, PrefillWorker]] = deque()  # the prealloc queue
         self.active: list[Transfer] = []
 
@@ -105,13 +107,16 @@ class KVTransceiver:
         t.chunk = m = min(self.staging_blocks, len(t.src_blocks) - t.moved)
         src = t.src.engine
         src.kv_staging.blocks.np[:m] = t.src_blocks[t.moved:t.moved + m]
-        t.work, t.receiving = t.src.stream.enqueue(-1, [("kv_send", src.kv_send, (m,))]), False
+        peer = None if self.ranks is None else self.ranks[t.dst]
+        t.work, t.receiving = t.src.stream.enqueue(-1, [("kv_send", src.kv_send, (m, peer))]), False
 
     def _receive(self, t: Transfer) -> None:
         m, src, dst = t.chunk, t.src.engine.kv_staging, t.dst.engine.kv_staging
-        dst.host[:m].copy_(src.host[:m])  # the link
+        if self.ranks is None:
+            dst.host[:m].copy_(src.host[:m])  # the link: a host copy, in one process
         dst.blocks.np[:m] = t.dst_blocks[t.moved:t.moved + m]
-        t.work, t.receiving = t.dst.stream.enqueue(-1, [("kv_recv", t.dst.engine.kv_recv, (m,))]), True
+        peer = None if self.ranks is None else self.ranks[t.src]
+        t.work, t.receiving = t.dst.stream.enqueue(-1, [("kv_recv", t.dst.engine.kv_recv, (m, peer))]), True
 
     def next_event_s(self) -> float:
         """Simulated device: when the next transfer completes (inf: none in flight)."""
@@ -142,6 +147,9 @@ class KVTransceiver:
                 if not t.receiving:
                     self._receive(t)
                     continue
+                if not t.dst.engine.kv_staging.received.np[0]:  # the sender left the link before it was sent
+                    failure = failure or WorkerDied(t.src, RuntimeError(f"its KV never reached {t.dst.label}"))
+                    break
                 t.moved += t.chunk
                 t.work = None
                 if t.moved < len(t.src_blocks):

@@ -138,15 +138,17 @@ class Engine:
         for m in (self._final_tokens, self._final_lens, self._final_scores):
             m.download(n)
 
-    def kv_send(self, n: int) -> None:
-        """Device piece: the ``n`` blocks listed in the staging buffer, from the pool to its host half."""
+    def kv_send(self, n: int, peer: int | None = None) -> None:
+        """Device piece: the ``n`` blocks listed in the staging buffer out of the pool, to rank ``peer`` of the
+        KV link (device processes) or to the buffer's host half (``peer`` None: the host relays them)."""
         assert self.kv_staging is not None
-        self.kv_staging.gather(n, self._k, self._v)
+        self.kv_staging.send(n, self._k, self._v, peer)
 
-    def kv_recv(self, n: int) -> None:
-        """Device piece: the staging buffer's host half into the ``n`` blocks it lists."""
+    def kv_recv(self, n: int, peer: int | None = None) -> None:
+        """Device piece: ``n`` blocks from rank ``peer`` of the KV link (or the host half) into the blocks the
+        staging buffer lists."""
         assert self.kv_staging is not None
-        self.kv_staging.scatter(n, self._k, self._v)
+        self.kv_staging.receive(n, self._k, self._v, peer)
 
     def _check_fault(self, iteration: int) -> None:
         if self.fault_at_iteration is not None and iteration >= self.fault_at_iteration:

@@ -182,6 +182,18 @@ class ProcessStream(DeviceStream):
         self._server, self._engine = server, engine
         return engine
 
+    def control(self, msg: tuple) -> None:
+        """Send the device process a request outside the step order (``kv_transfer/gloo_link.py``'s "link");
+        ``control_reply`` reads its answer. Only between steps: no step's reply may be outstanding."""
+        assert self._server is not None and not self._sent, "control requests go between steps"
+        self._server.send(msg)
+
+    def control_reply(self) -> None:
+        """The answer to ``control``'s request; an error raises."""
+        reply = self._server.recv()  # type: ignore[union-attr]
+        if reply[0] == "error":
+            raise rebuild(reply[1], reply[2])
+
     def _submit(self, work: DeviceWork, pieces: list[Piece]) -> None:
         states: dict[int, tuple] = {}
         encoded = [(name, self._target(fn), tuple(self._arg(a, states) for a in args)) for name, fn, args in pieces]

@@ -24,6 +24,7 @@ from strategies.runtime.buffers.process_memory import DeviceSideMemory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceStream, DeviceWork
+from strategies.runtime.kv_transfer.gloo_link import GlooLink
 
 # Both sides poll for the other's next message this long before they block: a process woken from a blocked
 # read takes ~0.1 ms on a VM, which every synchronous step would pay twice; a GPU answers in microseconds
@@ -87,7 +88,15 @@ class Device:
         self.stream.run(work, [(name, self._resolve(target), tuple(self._arg(a) for a in args))
                                for name, target, args in pieces])
         error = None if work.error is None else (type(work.error).__name__, str(work.error))
+        staging = getattr(engine, "kv_staging", None)
+        if error is not None and staging is not None and staging.link is not None:
+            staging.link = None  # a failed device leaves the KV link: sends to it fail now, not at the timeout
         return "done", work.times, error
+
+    def join_link(self, port: int, rank: int, world: int) -> None:
+        """Disaggregated serving: join the KV link among the deployment's device processes as ``rank``."""
+        assert self.engine.kv_staging is not None, "the link moves KV through the staging buffer"
+        self.engine.kv_staging.link = GlooLink(port, rank, world)
 
     def _resolve(self, target: tuple) -> Callable[..., None]:
         if target[0] == "engine":
@@ -129,6 +138,9 @@ def serve(conn: Connection) -> None:
                     device = None  # the previous engine's tensors go with its last reference
                     cls_path, cfg, key, kwargs, staging, threads, split, instrument = msg[1:]
                     device = Device(cls_path, cfg, models[key], kwargs, staging, threads, split, instrument)
+                    reply = ("ok",)
+                elif kind == "link":
+                    device.join_link(*msg[1:])  # type: ignore[union-attr]
                     reply = ("ok",)
                 elif kind == "close":
                     device = None  # its tensors go now (reference counting), before the host builds the next

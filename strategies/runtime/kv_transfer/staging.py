@@ -3,10 +3,16 @@ engine's (TensorRT-LLM's ``CacheTransBufferManager``; SGLang and vLLM's NIXL con
 themselves instead).
 
 Each engine of a disaggregated deployment owns one, sized by ``--kv-transfer-buffer-mb``. A send gathers up
-to ``capacity`` blocks of the pool into it on the device and downloads them to its host half; the link
-delivers the host half to the receiving engine's host half; a receive uploads them and scatters them into
-that engine's blocks. Every copy is one contiguous prefix issued on the engine's stream, so the same code
-runs on CUDA (pinned host halves, asynchronous copies), on CPU split memory and in a CPU device process.
+to ``capacity`` blocks of the pool into it on the device; a receive scatters them into the receiving
+engine's blocks. Between the two, the link:
+
+- device processes (the CPU device's default): a gloo group among them (``gloo_link.py``); the blocks go
+  from the sender's buffer to the receiver's, never through the host;
+- one process (the CPU device thread, a CUDA stream): the sender downloads to its host half, the host copies
+  that to the receiver's host half, and the receiver uploads it.
+
+Every copy is one contiguous prefix issued on the engine's stream, so the same code runs on CUDA (pinned
+host halves, asynchronous copies), on CPU split memory and in a CPU device process.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
+from strategies.runtime.kv_transfer.gloo_link import GlooLink
 from strategies.runtime.models.config import ModelConfig
 
 
@@ -33,20 +40,47 @@ class KVStaging:
         self.host = memory.host(shape, cfg.torch_dtype)  # [C, 2 (k, v), L, Hkv, T, D]
         self.dev = memory.mirror(self.host)  # [C, 2, L, Hkv, T, D]
 
+        self.received = Mirrored(memory, (1,), torch.int64)  # [1] 1: the last receive's blocks arrived
+        self.link: GlooLink | None = None  # device processes: this engine's end of the link (gloo_link.py)
+
+    def send(self, n: int, k: torch.Tensor, v: torch.Tensor, peer: int | None) -> None:
+        """Device side of a send: blocks ``blocks[:n]`` of the pools into the buffer, then posted to rank
+        ``peer`` of the link, or (``peer`` None) downloaded to the host half for the host to relay."""
+        if peer is not None:
+            assert self.link is not None, "a send to a rank needs the link"
+            self.link.settle()  # the previous chunk has left the buffer
+        self.gather(n, k, v)
+        if peer is None:
+            self.memory.download(self.host, self.dev, n)
+        else:
+            self.link.send(self.dev[:n], peer)  # type: ignore[union-attr]
+
+    def receive(self, n: int, k: torch.Tensor, v: torch.Tensor, peer: int | None) -> None:
+        """Device side of a receive: rank ``peer``'s posted blocks (or, ``peer`` None, the host half the host
+        relayed) into the buffer, then into blocks ``blocks[:n]`` of the pools. Blocks that never came (the
+        sender left) leave the pools as they were and ``received`` 0, for the host to read."""
+        if peer is None:
+            self.memory.upload(self.dev, self.host, n)
+            ok = True
+        else:
+            assert self.link is not None, "a receive from a rank needs the link"
+            ok = self.link.recv(self.dev[:n], peer)
+        self.received.dev[0] = int(ok)
+        self.received.download(1)
+        if ok:
+            self.scatter(n, k, v)
+
     def gather(self, n: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Device side of a send: blocks ``blocks[:n]`` of the pools ``[L, Hkv, N * T, D]`` into the buffer,
-        then to its host half."""
+        """Blocks ``blocks[:n]`` of the pools ``[L, Hkv, N * T, D]`` into the buffer's device half."""
         self.blocks.upload(n)
         b = self.blocks.dev[:n]  # [n]
         t = self.host.shape[4]
         for i, pool in enumerate((k, v)):
             self.dev[:n, i] = pool.unflatten(2, (-1, t)).index_select(2, b).movedim(2, 0)  # [n, L, Hkv, T, D]
-        self.memory.download(self.host, self.dev, n)
 
     def scatter(self, n: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Device side of a receive: the host half's first ``n`` blocks into blocks ``blocks[:n]`` of the pools."""
+        """The buffer's device half's first ``n`` blocks into blocks ``blocks[:n]`` of the pools."""
         self.blocks.upload(n)
-        self.memory.upload(self.dev, self.host, n)
         b = self.blocks.dev[:n]  # [n]
         t = self.host.shape[4]
         for i, pool in enumerate((k, v)):
