@@ -374,8 +374,9 @@ def test_draft_model_proposals_are_the_drafts_greedy_continuation(monkeypatch, n
     assert all(r.output_token_ids == reference_decode(eager, TINY64, r) for r in reqs)
 
 
-@pytest.mark.parametrize("name", ["inflight", "overlap"])
-def test_draft_model_equals_hugging_faces_assisted_generation(hf_checkpoint, tmp_path, name):
+@pytest.mark.parametrize(("name", "memory"), [("static", "shared"), ("inflight", "shared"), ("inflight", "split"),
+                                           ("overlap", "shared"), ("overlap", "split")])
+def test_draft_model_equals_hugging_faces_assisted_generation(hf_checkpoint, tmp_path, name, memory):
     """A checkpoint verified against a one-layer assistant of its vocabulary gives Hugging Face's
     ``generate(assistant_model=...)`` (greedy), and the assistant is sometimes right, sometimes not."""
     import transformers
@@ -393,7 +394,8 @@ def test_draft_model_equals_hugging_faces_assisted_generation(hf_checkpoint, tmp
     prompts = [(rng.integers(3, 300, size=4).tolist() * 3)[: int(n)] for n in (7, 12, 9, 11)]
     reqs = make_requests([(p, 20, SamplingParams()) for p in prompts])
     spec = SpecConfig(method="draft_model", model=str(tmp_path / "draft"), num_speculative_tokens=3)
-    s = run_strategy(name, cfg, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, speculative=spec), reqs)
+    s = run_strategy(name, cfg, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, speculative=spec,
+                                                      device_memory=memory), reqs)
     for p, r in zip(prompts, reqs, strict=True):
         ids = torch.tensor([p])
         ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
