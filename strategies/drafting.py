@@ -38,7 +38,8 @@ class DraftingStrategy(Strategy):
         cfg, model = load_draft_model(c.speculative.model, self.model_cfg, c.compile)
         # its first pass takes in every verifying row's unseen tokens (a whole prompt at first): room for all
         sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": c.max_batch_size
-                 * c.max_seq_len, "max_batch": c.max_batch_size, "num_buffer_sets": 1,
+                 * c.max_seq_len, "max_batch": c.max_batch_size,
+                 "num_buffer_sets": c.speculative.num_speculative_tokens + 1,  # a set per pass (overlap: k + 1)
                  "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block}
         stream, engine = Strategy._local_engine(self, sizes, cfg, model)  # never a subclass's own extras
         stream.ready()

@@ -9,9 +9,9 @@ feeds each row the tokens the draft has not seen yet (at first its whole prompt;
 added, and the drafts it accepted the draft had no keys for) as a chunk, and samples d1; pass j feeds
 d(j-1), read on the device from the draft's decoder state as any generation input is, and samples dj.
 Drafts are greedy: a deterministic proposal, which is what the accept step's rejection sampling assumes
-(``decoder/accept.py``). The host waits for each pass (TensorRT-LLM keeps that loop on the device; here it
-is k synchronised steps). Under overlap a row whose last token is still on the device drafts past the draft's
-own guess of it (``propose``).
+(``decoder/accept.py``). The k passes are launched one after another, each into a buffer set of its own, and
+the host waits once, for the last (TensorRT-LLM keeps that loop on the device too). Under overlap a row
+whose last token is still on the device drafts past the draft's own guess of it (``propose``).
 
 Rollback: after verification the draft's keys are valid up to the last position whose input was right,
 ``Request.draft_computed`` = p + 1 + min(accepted, k - 1); the next pass 1 starts there. A preempted
@@ -93,17 +93,20 @@ class DraftModel:
             batch.context.append(ContextChunk(row, start, v.position + 1 - g - start, True))  # type: ignore[arg-type]
             if start == 0:  # a new tenure of the slot: the draft's decoder-state row is reset
                 batch.admitted.append(row)  # type: ignore[arg-type]
-        for j in range(max(len(v.drafts) + g for v, g in zip(steps, guessed, strict=True))):
-            if j:  # pass j + 1: one token for each row that wants another
-                batch = ScheduledBatch(-1)
+        passes = max(len(v.drafts) + g for v, g in zip(steps, guessed, strict=True))
+        assert passes <= len(self.engine.buffer_sets), "a buffer set per pass"
+        for j in range(passes):  # every pass launched before any is waited for: a pass's input token is read
+            if j:  # on the device (the previous pass's sample), so the host needs none of their outputs first
+                batch = ScheduledBatch(-1)  # pass j + 1: one token for each row that wants another
                 for v, row, g in zip(steps, rows, guessed, strict=True):
                     if len(v.drafts) + g > j:
                         batch.add_generation(row, v.position + j - g)  # type: ignore[arg-type]
             batch.no_beams()
-            bufs = self.engine.buffer_sets[0]
-            self.engine.prepare(batch, bufs, tables)
-            self.stream.wait(self.engine.launch(-1, bufs))
-            tokens = iter(tok for tok, _ in self.engine.outputs(bufs))
+            self.engine.prepare(batch, self.engine.buffer_sets[j], tables)
+            work = self.engine.launch(-1, self.engine.buffer_sets[j])
+        self.stream.wait(work)  # the last pass; stream order ran the others before it
+        for j in range(passes):
+            tokens = iter(tok for tok, _ in self.engine.outputs(self.engine.buffer_sets[j]))
             for v, g in zip(steps, guessed, strict=True):
                 if len(v.drafts) + g > j:
                     token = next(tokens)
