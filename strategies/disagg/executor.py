@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from torch.distributed import TCPStore
+
 from strategies.disagg.transceiver import KVTransceiver, WorkerDied
 from strategies.disagg.workers import DecodeWorker, PrefillWorker
 from strategies.fleet import Fleet, Worker
@@ -28,7 +30,7 @@ from strategies.runtime.request import Request
 
 class DisaggStrategy(Fleet):
     name = "disagg"
-    _link_store: object = None  # the gloo link's rendezvous (device processes), kept as long as the link
+    _link_store: TCPStore | None = None  # the gloo link's rendezvous (device processes), kept as long as the link
 
     def close(self) -> None:
         super().close()  # the workers' engines go, and their ends of the link with them

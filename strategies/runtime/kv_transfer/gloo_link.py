@@ -63,6 +63,12 @@ def connect(streams: list, timeout_s: float = TIMEOUT_S) -> dist.TCPStore:
                           timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     for rank, s in enumerate(streams):
         s.control(("link", store.port, rank, len(streams)))
-    for s in streams:
-        s.control_reply()
+    failure = None
+    for s in streams:  # every answer read, so that each process's next reply is its next request's
+        try:
+            s.control_reply()
+        except RuntimeError as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
     return store
