@@ -220,7 +220,6 @@ class Strategy(Executor):
         rec.kv_blocks_cached = self.kv.cached_free_blocks
         rec.kv_evictions, self._evictions_seen = self.kv.evictions - self._evictions_seen, self.kv.evictions
         rec.preemptions = len(batch.preempted)
-        rec.spec_drafts, rec.spec_draft_tokens = len(batch.verify), sum(len(v.drafts) for v in batch.verify)
         if batch:
             self.records.append(rec)
             self._last_scheduled = iteration

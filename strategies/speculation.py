@@ -57,11 +57,10 @@ def receive_verified(rec: IterationRecord, drafts: DraftTokens, outputs: list[li
         r.verifying = False
         n, code, got = row[k1], row[k1 + 1], row[k1 + 2]
         if code == DISCARDED or r.status is not Status.RUNNING:  # finished, or preempted after scheduling
-            rec.num_padding_tokens += 1
-            # nothing reached the request: its drafts are not counted (vLLM counts the verifications it reads)
-            rec.spec_drafts -= 1
-            rec.spec_draft_tokens -= int(drafts.num_drafts.np[i])
+            rec.num_padding_tokens += 1  # nothing reached the request: its drafts are not counted
             continue
+        rec.spec_drafts += 1  # vLLM counts the verifications it reads
+        rec.spec_draft_tokens += int(drafts.num_drafts.np[i])
         for j in range(n):
             r.append_token(row[j], now)
         for j in range(got):
