@@ -85,7 +85,7 @@ def test_blocks_that_never_came_blame_the_sender(monkeypatch):
     """decode0's third receive reports that its blocks never came (``received`` 0: what a receive from a
     sender that left the link says; thread device, so the patch reaches it): the sender is the worker that
     failed — its requests fail with the reason — while decode0 lives on and the other prefill worker's
-    requests finish with their reference tokens; the pools are not touched by the failed receive."""
+    requests finish with their reference tokens."""
     from strategies.runtime.kv_transfer.staging import KVStaging
 
     _, model = tiny_models()

@@ -88,9 +88,8 @@ class Device:
         self.stream.run(work, [(name, self._resolve(target), tuple(self._arg(a) for a in args))
                                for name, target, args in pieces])
         error = None if work.error is None else (type(work.error).__name__, str(work.error))
-        staging = getattr(engine, "kv_staging", None)
-        if error is not None and staging is not None and staging.link is not None:
-            staging.link = None  # a failed device leaves the KV link: sends to it fail now, not at the timeout
+        if error is not None and getattr(engine, "kv_staging", None) is not None:
+            engine.kv_staging.link = None  # a failed device leaves the KV link: sends to it fail now, not later
         return "done", work.times, error
 
     def join_link(self, port: int, rank: int, world: int) -> None:

@@ -42,8 +42,8 @@ class GlooLink:
 
     def send(self, t: torch.Tensor, peer: int) -> None:
         """Post ``t`` (the staging buffer's first blocks) to rank ``peer``; the buffer stays untouched until
-        ``settle``."""
-        self.settle()
+        ``settle``, which must come before the buffer is written again."""
+        assert self._sending is None, "settle the last send before writing the buffer again"
         self._sending = self.pg.send([t], peer, 0)
 
     def recv(self, t: torch.Tensor, peer: int) -> bool:

@@ -46,14 +46,14 @@ class KVStaging:
     def send(self, n: int, k: torch.Tensor, v: torch.Tensor, peer: int | None) -> None:
         """Device side of a send: blocks ``blocks[:n]`` of the pools into the buffer, then posted to rank
         ``peer`` of the link, or (``peer`` None) downloaded to the host half for the host to relay."""
-        if peer is not None:
-            assert self.link is not None, "a send to a rank needs the link"
-            self.link.settle()  # the previous chunk has left the buffer
-        self.gather(n, k, v)
         if peer is None:
+            self.gather(n, k, v)
             self.memory.download(self.host, self.dev, n)
-        else:
-            self.link.send(self.dev[:n], peer)  # type: ignore[union-attr]
+            return
+        assert self.link is not None, "a send to a rank needs the link"
+        self.link.settle()  # the previous chunk has left the buffer
+        self.gather(n, k, v)
+        self.link.send(self.dev[:n], peer)
 
     def receive(self, n: int, k: torch.Tensor, v: torch.Tensor, peer: int | None) -> None:
         """Device side of a receive: rank ``peer``'s posted blocks (or, ``peer`` None, the host half the host
