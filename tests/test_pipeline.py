@@ -175,6 +175,36 @@ def test_a_stage_that_dies_or_hangs_ends_the_run(kind):
     assert result.error and all(r.status is Status.FAILED for r in requests) and result.records
 
 
+class _Proc:
+    """A stage process's exit as the host sees it: alive until ``dies_at``, then exited with ``code``."""
+
+    def __init__(self, code: int | None, dies_at: float) -> None:
+        self.code, self.dies_at = code, dies_at
+
+    def is_alive(self) -> bool:
+        return time.monotonic() < self.dies_at
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self.is_alive() else self.code
+
+
+def test_the_stage_that_failed_is_named_not_the_one_that_lost_it():
+    """CI once reported 'stage 0 exited (code 1)' for stage 1's injected death: stage 0, whose socket to stage 1
+    closed, exited and was seen before stage 1 was (a process's sockets close before its exit can be reaped).
+    The casualty (its peer lost) is named only if no stage that failed on its own is seen within the grace."""
+    from strategies.runtime.pipeline.stage_group import PipelineEngine
+    from strategies.runtime.pipeline.stage_worker import PEER_LOST
+
+    now = time.monotonic()
+    group = type("G", (), {"timeout_s": 3.0})()
+    group.procs = [_Proc(PEER_LOST, now), _Proc(3, now + 0.2)]  # stage 0 seen dead first
+    assert PipelineEngine.what_failed(group, False) == "pipeline stage 1 exited (code 3)"
+    group.procs = [_Proc(PEER_LOST, now), _Proc(None, now + 60)]  # the cause never seen: the casualty named
+    assert "stage 0 exited (code 2: a peer closed" in PipelineEngine.what_failed(group, False)
+    assert "did not answer" in PipelineEngine.what_failed(group, True)
+
+
 def test_ctrl_c_stops_every_stage(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "run", "--model", "tiny", "--strategies", "pipeline",
                              "--num-prompts", "400", "--request-rate", "20", "--warmup", "0", "--out",

@@ -148,16 +148,22 @@ class PipelineEngine:
     def what_failed(self, timed_out: bool) -> str:
         """Why the host's wait failed. Timed out: a stage went silent (the stages behind it time out too, and
         exit). Otherwise a peer closed its socket: a stage died, and its process, which closes the socket
-        as it exits, is given up to ``EXIT_GRACE_S`` to be seen dead."""
+        as it exits, is given up to ``EXIT_GRACE_S`` to be seen dead. A stage that exited because its own
+        peer went away is not the cause: the one that failed is named, though the casualty may be reaped
+        first (a process's sockets close before its exit can be seen)."""
         timeout = f"pipeline: a stage did not answer within --stage-timeout ({self.timeout_s:g} s)"
         deadline = time.monotonic() + (0.0 if timed_out else EXIT_GRACE_S)
+        dead: list[tuple[int, int]] = []
         while not timed_out:
             dead = [(s, p.exitcode) for s, p in enumerate(self.procs) if not p.is_alive()]
-            if dead:
-                return f"pipeline stage {dead[0][0]} exited (code {dead[0][1]})"
+            cause = [d for d in dead if d[1] != stage_worker.PEER_LOST]
+            if cause:
+                return f"pipeline stage {cause[0][0]} exited (code {cause[0][1]})"
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
+        if dead:
+            return f"pipeline stage {dead[0][0]} exited (code {dead[0][1]}: a peer closed its connection)"
         return timeout
 
     def _started(self) -> None:

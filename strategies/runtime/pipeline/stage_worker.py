@@ -30,6 +30,7 @@ from strategies.runtime.pipeline.stage_model import StageModel
 
 HOST = 0
 STARTUP_TIMEOUT_S = 60.0  # the least time a stage group gets to form
+FAILED, PEER_LOST = 1, 2  # exit codes: this stage failed; a peer's socket closed or went silent (not the cause)
 
 
 def connect(port: int, rank: int, world: int, timeout_s: float) -> tuple[dist.ProcessGroupGloo, dist.TCPStore]:
@@ -86,7 +87,13 @@ def main(spec: StageSpec) -> None:
     except Exception as exc:  # a peer gone or timed out: the host sees it too, and says why it stopped
         print(f"slotbench stage {spec.stage}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
               file=sys.stderr, flush=True)
-        os._exit(1)
+        os._exit(PEER_LOST if _peer_lost(exc) else FAILED)
+
+
+def _peer_lost(exc: Exception) -> bool:
+    """A failure of the group's transport: gloo raises it (as a RuntimeError naming its source file) when a
+    peer closes its socket or does not answer — this stage is a casualty, the cause is elsewhere."""
+    return isinstance(exc, dist.DistError) or "gloo" in str(exc)
 
 
 def _serve(spec: StageSpec) -> None:
