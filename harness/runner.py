@@ -23,7 +23,8 @@ from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.compute import compute_budget
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.models.config import ModelConfig
-from strategies.runtime.request import Request, SamplingParams, Status
+from strategies.runtime.request import Request, Status
+from strategies.runtime.sampling_params import SamplingParams
 
 
 @dataclass
@@ -123,7 +124,7 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
         for r in requests:
             if not r.status.terminal:
                 r.end(Status.FAILED, error)
-                r.slot = None
+                r.leave_slot()
     return StrategyRun(cls.name, requests, strategy.records, wall, error, interrupted, warmup_s,
                        tenures=strategy.slot_tenures())
 

@@ -30,6 +30,7 @@ from strategies.runtime.engine import Engine
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.progress import SlotProgress
 from strategies.runtime.request import Request, Status
 from strategies.speculation import receive_verified
 
@@ -62,6 +63,7 @@ class Strategy(Executor):
             self.stream, self.engine = self._local_engine(sizes)
         self.stream.ready()  # the engine's tensors exist: the device orders its work after their fills
         self.slots = SlotManager(c.max_batch_size)
+        self.progress = SlotProgress(c.max_batch_size)  # running requests' counters and tokens, per slot
         self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
                                c.prefix_caching, c.max_beam_width)
         # Encoder–decoder models: the cross-attention KV's blocks, held from admission to the end
@@ -164,7 +166,7 @@ class Strategy(Executor):
     def _admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
         """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
         slot = self.slots.acquire(r.request_id, self._scheduling, r.width)
-        r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block, self.clock.now())
+        r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block, self.clock.now(), self.progress)
         self._admissions += 1
         self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
         if self.cross_kv is not None:
@@ -178,7 +180,7 @@ class Strategy(Executor):
             if self.cross_kv is not None:
                 self.cross_kv.release(r.slot, r)
             self.slots.release(r.slot, r.request_id, self._last_scheduled, end)
-            r.slot = None
+            r.leave_slot()
         if r in self.running:
             self.running.remove(r)
 
@@ -208,11 +210,7 @@ class Strategy(Executor):
             for c in batch.context:  # a prefill's last chunk: its slot decodes from the next step
                 if c.samples:
                     self.slots.prefilled(c.request.slot, iteration)
-        rec.num_context_requests = len(batch.context)
-        rec.num_generation_requests = batch.num_generation_rows + len(batch.verify)
-        rec.num_beam_rows = batch.num_beam_rows
-        rec.num_tokens = batch.num_tokens
-        rec.num_padding_tokens = batch.num_padding_tokens
+        rec.count_batch(batch)
         rec.active_slots = self.slots.num_used
         rec.waiting_requests = len(self.waiting)
         rec.kv_blocks_used = self.kv.blocks_in_use
@@ -228,15 +226,14 @@ class Strategy(Executor):
     def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
         with self._phase(rec, "prepare"):
             self.engine.prepare(batch, bufs, self.kv.tables, self.cross_kv.table if self.cross_kv else None)
+            io = bufs.step
+            io.tenures[:io.num_rows] = self.progress.tenure[io.slots.np[:io.num_rows]]
         work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
         rec.buffer_set = bufs.index
         rec.num_samples = bufs.runtime.num_samples
         rec.num_encoder_tokens = bufs.encoder.num_tokens if bufs.encoder is not None else 0
-        w = bufs.work
-        rec.kv_read_tokens, rec.attention_pairs = w.kv_read_tokens, w.attention_pairs
-        rec.num_context_tokens = w.context_tokens
-        rec.context_kv_read_tokens, rec.context_attention_pairs = w.context_kv_read_tokens, w.context_attention_pairs
+        rec.count_work(bufs.work)
         if self._last_launched is not None:
             self._last_launched.waited_before_next_launch = int(self._last_waited is self._last_launched)
         self._last_launched = rec
@@ -255,15 +252,19 @@ class Strategy(Executor):
     def _postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
         """Hand each sampled token to its request; finish the ones the device says are done. Rows the
         device computed for a request it knew to be finished (static's done rows, overlap's one extra
-        step) are padding. A finished beam request's sequences are read back before its slot is let go."""
+        step) are padding. A finished beam request's sequences are read back before its slot is let go.
+        Rows that only continue their request are handed out in the progress book at once."""
         with self._phase(rec, "postprocess"):
-            out = self.engine.outputs(bufs)
+            out = self.engine.outputs(bufs)  # [R, 2] token, finish code
             now = self.clock.now()  # the host holds the tokens from here: what a streaming client sees
+            io = bufs.step
+            rows, n = io.rows, len(io.rows)
             beams_done: list[tuple[Request, int]] = []
             running = Status.RUNNING
-            for r, (tok, code) in zip(bufs.step.rows, out, strict=True):
+            for i in self.progress.hand_out(io.slots.np[:n], io.tenures[:n], out, now).tolist():
+                r, tok, code = rows[i], int(out[i, 0]), int(out[i, 1])
                 r.pending_samples -= 1
-                if code == CONTINUE and r.status is running:  # the common case, first
+                if code == CONTINUE and r.status is running:
                     r.append_token(tok, now)
                     continue
                 if code == DISCARDED:

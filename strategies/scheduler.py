@@ -21,9 +21,12 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+import numpy as np
+
 from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
+from strategies.runtime.progress import MIN_ARRAY_ROWS, SlotProgress
 from strategies.runtime.request import Request
 from strategies.speculation import propose_drafts
 
@@ -32,48 +35,25 @@ Preempt = Callable[[Request], None]
 
 
 class IterationScheduler:
-    def __init__(self, config: ExecutorConfig, kv: BlockManager, cross_kv: BlockManager | None = None) -> None:
+    def __init__(self, config: ExecutorConfig, kv: BlockManager, cross_kv: BlockManager | None = None,
+                 book: SlotProgress | None = None) -> None:
         self.config = config
         self.kv = kv
         self.cross_kv = cross_kv  # encoder–decoder models: cross-attention blocks, taken whole at admission
+        # The runtime's per-slot progress: with it, and one row and one token a request (no beams, no drafts),
+        # the decode rows are picked by array operations over the running slots (``_decode_rows``)
+        self.book = book if config.max_beam_width == 1 and config.speculative is None else None
         self.guaranteed = config.capacity_policy == "guaranteed-no-evict"
         self.watermark = 0 if self.guaranteed else math.ceil(config.kv_watermark * kv.total_blocks)
 
     def schedule(self, iteration: int, waiting: deque[Request], running: list[Request], free_slots: int,
                  admit: Admit, preempt: Preempt) -> ScheduledBatch:
         batch = ScheduledBatch(iteration)
-        budget = self.config.max_num_tokens
-        decodes, prefills = [], []
-        for r in running:
-            (prefills if r.num_computed_tokens < r.context_target else decodes).append(r)
         kv, tpb = self.kv, self.kv.tokens_per_block
-        held = kv.held_blocks
-        gen_requests, gen_positions = batch.gen_requests, batch.gen_positions
-        spec = self.config.speculative
-        for r in decodes:  # decodes first: one token per beam (the hot path: one pass, no helper calls)
-            if budget < r.width:
-                if budget < 1:
-                    break
-                continue
-            slot = r.slot
-            if slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens or r.verifying:
-                continue  # preempted earlier in this loop; every token it wants is on its way; or it verifies
-            position = r.num_computed_tokens
-            if spec is not None:
-                if self._verify(r, position, budget, running, batch, preempt):
-                    budget -= batch.verify[-1].length
-                    continue
-                if r.slot is None:  # preempted to make room for its own drafts
-                    continue
-            if position >= held[slot] * tpb:  # the token starts a new block
-                if not self.guaranteed and not self._make_room(r, position + 1, running, batch, preempt):
-                    continue
-                kv.grow(slot, position + 1)
-            gen_requests.append(r)
-            gen_positions.append(position)
-            r.num_computed_tokens = position + 1
-            r.pending_samples += 1
-            budget -= r.width
+        budget = self.config.max_num_tokens
+        arrays = self.book is not None and len(running) >= MIN_ARRAY_ROWS
+        picked = self._decode_rows(batch, running, budget) if arrays else None
+        prefills, budget = picked if picked is not None else self._decode_loop(batch, running, budget, preempt)
         for r in prefills:  # then prefill chunks
             if r.slot is None:
                 continue
@@ -84,7 +64,7 @@ class IterationScheduler:
                 continue
             kv.grow(r.slot, r.num_computed_tokens + n)
             budget -= self._add(batch, r, n)
-        rows = len(batch.context) + len(gen_requests)
+        rows = len(batch.context) + len(batch.gen_requests)
         if self.config.max_beam_width > 1:  # a beam request decodes K rows: count every running request's
             rows = sum(r.width for r in running)
         while waiting and free_slots > 0 and budget > 0:
@@ -114,6 +94,69 @@ class IterationScheduler:
         if self.config.max_beam_width == 1:
             batch.no_beams()
         return batch
+
+    def _decode_rows(self, batch: ScheduledBatch, running: list[Request],
+                     budget: int) -> tuple[list[Request], int] | None:
+        """Decodes first, one token each in admission order while the budget lasts: the decode loop's
+        choice made over the book's arrays. Returns the requests still prefilling and the budget left, or
+        None, having changed nothing, where the loop must choose (a decode's new block would preempt:
+        max-utilization with too few free blocks)."""
+        book, kv, tpb = self.book, self.kv, self.kv.tokens_per_block
+        assert book is not None
+        slots = np.fromiter([r.slot for r in running], np.int64, len(running))  # [N]
+        computed = book.computed[slots]  # [N]
+        decoding = computed >= book.target[slots]  # [N]
+        wants = decoding & (book.outputs[slots] + book.pending[slots] < book.max_new[slots])  # [N]
+        rows = np.flatnonzero(wants)[:budget]  # [G] indices into running
+        slots, positions = slots[rows], computed[rows]  # [G] each: the input token's position
+        new_block = np.flatnonzero(positions >= kv.held_blocks[slots] * tpb)  # [g] starts a block
+        if not self.guaranteed and len(new_block) > kv.free_blocks:
+            return None
+        for i in new_block.tolist():
+            kv.grow(int(slots[i]), int(positions[i]) + 1)
+        book.computed[slots] = positions + 1
+        book.pending[slots] += 1
+        batch.gen_requests = [running[i] for i in rows.tolist()]
+        batch.gen_positions = positions.tolist()
+        batch.gen_slots = slots
+        return [running[i] for i in np.flatnonzero(~decoding).tolist()], budget - len(rows)
+
+    def _decode_loop(self, batch: ScheduledBatch, running: list[Request], budget: int,
+                     preempt: Preempt) -> tuple[list[Request], int]:
+        """Decodes first, one token per beam (verifying chunks where drafts are proposed), request by
+        request; returns the requests still prefilling and the budget left."""
+        decodes, prefills = [], []
+        for r in running:
+            (prefills if r.num_computed_tokens < r.context_target else decodes).append(r)
+        kv, tpb = self.kv, self.kv.tokens_per_block
+        held = kv.held_blocks
+        gen_requests, gen_positions = batch.gen_requests, batch.gen_positions
+        spec = self.config.speculative
+        for r in decodes:
+            if budget < r.width:
+                if budget < 1:
+                    break
+                continue
+            slot = r.slot
+            if slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens or r.verifying:
+                continue  # preempted earlier in this loop; every token it wants is on its way; or it verifies
+            position = r.num_computed_tokens
+            if spec is not None:
+                if self._verify(r, position, budget, running, batch, preempt):
+                    budget -= batch.verify[-1].length
+                    continue
+                if r.slot is None:  # preempted to make room for its own drafts
+                    continue
+            if position >= held[slot] * tpb:  # the token starts a new block
+                if not self.guaranteed and not self._make_room(r, position + 1, running, batch, preempt):
+                    continue
+                kv.grow(slot, position + 1)
+            gen_requests.append(r)
+            gen_positions.append(position)
+            r.num_computed_tokens = position + 1
+            r.pending_samples += 1
+            budget -= r.width
+        return prefills, budget
 
     def _verify(self, r: Request, position: int, budget: int, running: list[Request], batch: ScheduledBatch,
                 preempt: Preempt) -> bool:

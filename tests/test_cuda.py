@@ -18,7 +18,7 @@ from strategies.runtime.device.factory import make_stream
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.llama import build_model
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 from tests.device_pieces import fail, note
 from tests.util import TINY64, ListSource, make_requests, run_strategy, tiny_models
 

@@ -19,7 +19,7 @@ from harness.runner import run_strategy as harness_run
 from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
 from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, ListSource, make_requests, reference_decode, run_strategy, tiny_models
 
 STRATEGIES = [s for s in strategy_names() if s not in PEERS]  # every slotbench strategy, later ones too

@@ -21,7 +21,8 @@ from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.kv_transfer.config import DisaggConfig
 from strategies.runtime.kv_transfer.staging import KVStaging, block_bytes
-from strategies.runtime.request import SamplingParams, Status
+from strategies.runtime.request import Status
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import (
     TINY64,
     ListSource,

@@ -16,7 +16,7 @@ from torch.overrides import TorchFunctionMode
 from strategies.base import Strategy
 from strategies.config import ExecutorConfig
 from strategies.runtime.engine import Engine
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 from strategies.runtime.spec.config import SpecConfig
 from tests.util import TINY64, assert_accounted, make_requests, run_strategy, tiny_models
 

@@ -18,7 +18,8 @@ from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
 from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
-from strategies.runtime.request import Request, SamplingParams, Status
+from strategies.runtime.request import Request, Status
+from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler
 from tests.util import TINY64, make_requests, reference_decode, run_strategy, tiny_models
 from tests.util import cli as run_cli

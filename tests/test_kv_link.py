@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 from strategies.registry import get_strategy
 from strategies.runtime.kv_transfer.gloo_link import GlooLink
-from strategies.runtime.request import SamplingParams, Status
+from strategies.runtime.request import Status
+from strategies.runtime.sampling_params import SamplingParams
 from tests.test_disagg import _assert_all_returned, _config, _specs
 from tests.util import TINY64, ListSource, make_requests, reference_decode, run_strategy, tiny_models
 

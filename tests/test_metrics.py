@@ -9,7 +9,7 @@ import pytest
 from harness.metrics import engine_metrics, host_hidden_fraction, token_gaps
 from harness.output.records import iterations_frame
 from strategies.config import ExecutorConfig
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, make_requests, run_strategy, tiny_models
 
 

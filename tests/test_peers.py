@@ -11,7 +11,8 @@ pytest.importorskip("transformers")
 from harness.runner import build_requests, run_strategy
 from harness.traces import synthetic_trace
 from strategies.config import ExecutorConfig
-from strategies.runtime.request import SamplingParams, Status
+from strategies.runtime.request import Status
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, tiny_models
 
 

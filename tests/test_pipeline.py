@@ -23,7 +23,8 @@ from harness.output.records import iterations_frame
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.pipeline.messages import DIE, HANG
-from strategies.runtime.request import SamplingParams, Status
+from strategies.runtime.request import Status
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import (
     TINY64,
     ListSource,

@@ -18,7 +18,7 @@ from harness.runner import build_requests, run_strategy
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.runtime.iteration import IterationRecord
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, cli, tiny_models, wait_for_progress
 
 STRATEGIES = ("static", "inflight", "overlap")

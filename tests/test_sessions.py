@@ -16,7 +16,8 @@ from harness.traces.sessions import SessionShape
 from harness.traces.synthetic import synthetic_trace
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
-from strategies.runtime.request import Request, SamplingParams, Status
+from strategies.runtime.request import Request, Status
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, assert_accounted, cli, reference_decode, tiny_models
 
 SIM = ["--device", "sim", "--model-spec", "llama-3-8b", "--warmup", "0", "--no-progress"]

@@ -13,7 +13,7 @@ from harness.runner import build_requests, run_strategy
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig, SimConfig
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.engine import proxy_config
 from strategies.runtime.sim.profile import DeviceProfile

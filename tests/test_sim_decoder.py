@@ -7,7 +7,8 @@ import pytest
 
 from harness.runner import run_strategy
 from strategies.config import ExecutorConfig, SimConfig
-from strategies.runtime.request import Request, SamplingParams
+from strategies.runtime.request import Request
+from strategies.runtime.sampling_params import SamplingParams
 from strategies.runtime.sim.engine import SIM_VOCAB, proxy_config
 from strategies.runtime.sim.specs import MODEL_SPECS
 

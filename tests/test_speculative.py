@@ -18,7 +18,8 @@ from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
-from strategies.runtime.request import Request, SamplingParams, Status
+from strategies.runtime.request import Request, Status
+from strategies.runtime.sampling_params import SamplingParams
 from strategies.runtime.spec.config import SpecConfig
 from strategies.runtime.spec.ngram import propose_ngram
 from tests.util import (

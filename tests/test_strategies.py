@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy, strategy_names
-from strategies.runtime.request import SamplingParams, Status
+from strategies.runtime.request import Status
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, assert_accounted, make_requests, reference_decode, run_strategy, tiny_models
 
 VARIANTS = [  # chunked prefill is on by default; each in-flight strategy is also run without it

@@ -21,7 +21,8 @@ from strategies.runtime.decoder.sampler import sample
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS, ModelConfig
 from strategies.runtime.models.llama import build_model
-from strategies.runtime.request import Request, SamplingParams, Status
+from strategies.runtime.request import Request, Status
+from strategies.runtime.sampling_params import SamplingParams
 
 DATA = Path(__file__).parent / "data"
 

@@ -264,7 +264,7 @@ def _session(path: str, line: int, obj: dict) -> tuple[str | None, int, float]:
 
 
 def _check_sampling(path: str, line: int, sampling: dict) -> None:
-    from strategies.runtime.request import SamplingParams
+    from strategies.runtime.sampling_params import SamplingParams
 
     values = dict(sampling)
     if "stop_token_ids" in values:

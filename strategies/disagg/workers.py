@@ -98,7 +98,7 @@ class DecodeWorker(DisaggWorker):
     def received(self, r: Request) -> None:
         """``r``'s prompt KV is in its preallocated blocks: it runs from the next schedule."""
         slot = self.receiving.pop(r)
-        r.admit(slot, self._admissions, r.prompt_len)  # computed: the prompt; left: the first token
+        r.admit(slot, self._admissions, r.prompt_len, book=self.progress)  # computed: the prompt; left: the first token
         self._admissions += 1
         self.running.append(r)
         self._arrived.append(r)

@@ -19,7 +19,7 @@ class InflightStrategy(DraftingStrategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.scheduler = IterationScheduler(self.config, self.kv, self.cross_kv)
+        self.scheduler = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
         # max-utilization takes blocks as tokens need them, so those past rejected drafts go back at once;
         # guaranteed-no-evict's are the request's reservation to its end (static's: to its batch's end)
         self.trims_rejected_kv = not self.scheduler.guaranteed

@@ -45,7 +45,7 @@ class PipelineStrategy(InflightStrategy):
         # pipeline fills with M micro-batches of similar size instead of one that takes every request.
         self.rows_per_micro_batch = -(-config.max_batch_size // self.num_buffer_sets)
         self.scheduler = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
-                                            self.cross_kv)
+                                            self.cross_kv, self.progress)
 
     def _process_engine(self, sizes: dict) -> tuple:
         from strategies.runtime.pipeline.stage_group import PipelineEngine

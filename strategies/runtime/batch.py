@@ -68,6 +68,8 @@ class ScheduledBatch:
     # host's time (``generation`` builds them on demand for readers off the hot path)
     gen_requests: list[Request] = field(default_factory=list)
     gen_positions: list[int] = field(default_factory=list)  # position of each one's input token
+    # [G] the slot of each, where the scheduler picked them over the slots' arrays (None: read from requests)
+    gen_slots: np.ndarray | None = None
     admitted: list[Request] = field(default_factory=list)  # decoder-state rows to reset before the step
     preempted: list[Request] = field(default_factory=list)  # gave up slot and KV in this schedule
     # Speculative decoding: generating requests that verify drafts this step, computed after the context
@@ -79,6 +81,7 @@ class ScheduledBatch:
     _rows: tuple[int, int] | None = None
 
     def add_generation(self, r: Request, position: int) -> None:
+        self.gen_slots = None
         self.gen_requests.append(r)
         self.gen_positions.append(position)
 

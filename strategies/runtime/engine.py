@@ -102,10 +102,11 @@ class Engine:
         return self.stream.enqueue(iteration, [("forward", self._forward, (iteration, bufs)),
                                                ("sample", self._sample, (bufs,))])
 
-    def outputs(self, bufs: BufferSet) -> list[list[int]]:
-        """[token, finish code] per request; valid once the step's work is waited for. Read through the numpy
-        view: no torch call on the host's per-iteration path (tests/test_host_path.py)."""
-        return bufs.step.out.np[:len(bufs.step.rows)].tolist()
+    def outputs(self, bufs: BufferSet) -> np.ndarray:
+        """[R, 2] token, finish code per request; valid once the step's work is waited for (and until the set
+        is prepared again). The host buffer's numpy view: no torch call on the host's per-iteration path
+        (tests/test_host_path.py)."""
+        return bufs.step.out.np[:len(bufs.step.rows)]
 
     def verify_outputs(self, bufs: BufferSet) -> list[list[int]]:
         """Speculative decoding, per verifying request: K + 1 target tokens, tokens received, finish code,

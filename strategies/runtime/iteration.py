@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from strategies.runtime.batch import BatchWork, ScheduledBatch
+
 NAN = float("nan")
 
 
@@ -69,6 +71,20 @@ class IterationRecord:
     spec_draft_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_by_position: tuple[int, ...] = ()
+
+    def count_batch(self, batch: ScheduledBatch) -> None:
+        """What the schedule put in the step."""
+        self.num_context_requests = len(batch.context)
+        self.num_generation_requests = batch.num_generation_rows + len(batch.verify)
+        self.num_beam_rows = batch.num_beam_rows
+        self.num_tokens = batch.num_tokens
+        self.num_padding_tokens = batch.num_padding_tokens
+
+    def count_work(self, w: BatchWork) -> None:
+        """What the forward computes, as the cost model sees it."""
+        self.kv_read_tokens, self.attention_pairs = w.kv_read_tokens, w.attention_pairs
+        self.num_context_tokens = w.context_tokens
+        self.context_kv_read_tokens, self.context_attention_pairs = w.context_kv_read_tokens, w.context_attention_pairs
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -1,11 +1,19 @@
-"""A request and its progress. The request owns its counters; strategies keep no parallel bookkeeping."""
+"""A request and its progress. One book holds its counters and tokens: the runtime's per-slot arrays while it
+holds a slot (``progress.py``), the request itself otherwise; strategies keep no parallel bookkeeping."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from strategies.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from strategies.runtime.progress import SlotProgress
+
 
 
 class Status(enum.Enum):
@@ -22,55 +30,25 @@ for _status in Status:
     _status.terminal = _status in (Status.FINISHED, Status.REJECTED, Status.FAILED)
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request sampling. temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 disable a filter."""
+class _Booked:
+    """A progress counter: in the runtime's per-slot book (``progress.py``) while the request holds a slot,
+    on the request (``_<column>``) otherwise — one place at a time."""
 
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
-    stop_token_ids: tuple[int, ...] = ()  # besides the model's EOS, unless ignore_eos
-    ignore_eos: bool = False
-    # Beam search (deterministic, Hugging Face's meanings): beams kept per request; the exponent of the
-    # generated length that divides a finished beam's log-probability; when a request stops (True: as
-    # soon as beam_width beams finished; False: once no running beam can beat the finished ones by HF's
-    # heuristic; "never": the exact criterion); how many of the best finished beams are returned.
-    beam_width: int = 1
-    length_penalty: float = 1.0
-    early_stopping: bool | str = False
-    num_return_sequences: int = 1
+    def __init__(self, column: str) -> None:
+        self.column, self.own = column, f"_{column}"
 
-    def __post_init__(self) -> None:
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}")
-        if not 0 <= self.seed < 2**32:
-            raise ValueError(f"seed must be in [0, 2**32), got {self.seed}")
-        if self.beam_width < 1:
-            raise ValueError(f"beam_width must be >= 1, got {self.beam_width}")
-        if not 1 <= self.num_return_sequences <= self.beam_width:
-            raise ValueError(f"num_return_sequences must be in [1, beam_width={self.beam_width}], "
-                             f"got {self.num_return_sequences}")
-        if self.early_stopping not in (True, False, "never"):
-            raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
-        if self.beam_width > 1 and self.temperature > 0:
-            raise ValueError("beam search is deterministic here: temperature must be 0 with beam_width > 1")
+    def __get__(self, r: Any, owner: type | None = None) -> Any:
+        if r is None:
+            return self
+        book = r._book
+        return getattr(r, self.own) if book is None else getattr(book, self.column).item(r.slot)
 
-    @property
-    def early_stopping_code(self) -> int:
-        """The device's encoding of early_stopping: 0 False, 1 True, 2 "never"."""
-        return 2 if self.early_stopping == "never" else int(bool(self.early_stopping))
-
-    @property
-    def uses_filters(self) -> bool:
-        return self.temperature > 0 and (self.top_k > 0 or self.top_p < 1 or self.min_p > 0)
+    def __set__(self, r: Any, value: int) -> None:
+        book = r._book
+        if book is None:
+            setattr(r, self.own, value)
+        else:
+            getattr(book, self.column)[r.slot] = value
 
 
 @dataclass(eq=False)
@@ -93,13 +71,8 @@ class Request:
     status: Status = Status.WAITING
     slot: int | None = None
     last_slot: int | None = None  # the slot it held last (kept after release, for the records)
-    num_computed_tokens: int = 0  # tokens whose KV is written or launched into the slot's cache
-    context_target: int = 0  # tokens to prefill on this admission: prompt + outputs known at admission
-    pending_samples: int = 0  # samples launched on the device whose token the host has not read yet
     verifying: bool = False  # a verifying step is in flight: its next position is known once it is read
     draft_computed: int = 0  # speculation with a draft model: tokens whose keys the draft engine holds
-    num_output_tokens: int = 0
-    token_times_s: list[float] = field(default_factory=list)  # when the host handed each token out
     finish_reason: str | None = None  # "stop", "length", or why it was rejected / failed
     preemptions: int = 0
     admitted_seq: int = -1  # admission order: max-utilization preempts the most recent first
@@ -115,6 +88,19 @@ class Request:
     # sequence; set when the request finishes. Until then a beam request's token buffer holds beam 0's
     # token of each step, which later steps may reorder away: only the counts mean anything.
     beams: list[tuple[list[int], float]] | None = None
+    # Progress, read and written through the properties below: while the request holds a slot it lives in
+    # the runtime's per-slot book (``_book``, progress.py), otherwise in these fields.
+    _computed: int = field(default=0, init=False, repr=False)
+    _target: int = field(default=0, init=False, repr=False)
+    _pending: int = field(default=0, init=False, repr=False)
+    _outputs: int = field(default=0, init=False, repr=False)
+    _times: list[float] = field(default_factory=list, init=False, repr=False)
+    _book: SlotProgress | None = field(default=None, init=False, repr=False)
+
+    num_computed_tokens = _Booked("computed")  # tokens whose KV is written or launched into the slot's cache
+    context_target = _Booked("target")  # tokens to prefill on this admission: prompt + outputs known at admission
+    pending_samples = _Booked("pending")  # samples launched on the device whose token the host has not read yet
+    num_output_tokens = _Booked("outputs")  # output tokens the host has received
 
     # Plain attributes fixed at creation, because the scheduler reads them per request per step:
     width: int = field(init=False)  # decoder rows the request occupies: its beams (1 without beam search)
@@ -155,14 +141,23 @@ class Request:
     @property
     def token_ids(self) -> np.ndarray:
         """Prompt followed by the outputs the host has received."""
-        return self._tokens[: self.prompt_len + self.num_output_tokens]
+        book = self._book
+        if book is None:
+            return self._tokens[: self.prompt_len + self._outputs]
+        return book.tokens[self.slot, : self.prompt_len + book.outputs[self.slot]]
 
     @property
     def output_token_ids(self) -> list[int]:
         """The generated tokens; for beam search the best returned sequence."""
         if self.beams:
             return list(self.beams[0][0])
-        return self._tokens[self.prompt_len: self.prompt_len + self.num_output_tokens].tolist()
+        return self.token_ids[self.prompt_len:].tolist()
+
+    @property
+    def token_times_s(self) -> list[float]:
+        """When the host handed each output token out (run clock)."""
+        book = self._book
+        return self._times if book is None else book.times[self.slot, : book.outputs[self.slot]].tolist()
 
     @property
     def is_prefilling(self) -> bool:
@@ -179,41 +174,90 @@ class Request:
 
     @property
     def first_token_s(self) -> float | None:
-        return self.token_times_s[0] if self.token_times_s else None
+        times = self.token_times_s
+        return times[0] if times else None
 
     @property
     def finish_s(self) -> float | None:
-        return self.token_times_s[-1] if self.status is Status.FINISHED and self.token_times_s else None
+        times = self.token_times_s
+        return times[-1] if self.status is Status.FINISHED and times else None
 
     def append_token(self, token: int, now_s: float) -> None:
-        self._tokens[self.prompt_len + self.num_output_tokens] = token
-        self.num_output_tokens += 1
-        self.token_times_s.append(now_s)
+        book = self._book
+        if book is None:
+            self._tokens[self.prompt_len + self._outputs] = token
+            self._outputs += 1
+            self._times.append(now_s)
+            return
+        slot = self.slot
+        n = book.outputs[slot]
+        book.tokens[slot, self.prompt_len + n] = token
+        book.times[slot, n] = now_s
+        book.outputs[slot] = n + 1
 
-    def admit(self, slot: int, seq: int, cached_tokens: int = 0, now_s: float | None = None) -> None:
-        """Take ``slot`` at ``now_s``; the first ``cached_tokens`` tokens' keys are already in cached blocks."""
+    def admit(self, slot: int, seq: int, cached_tokens: int = 0, now_s: float | None = None,
+              book: SlotProgress | None = None) -> None:
+        """Take ``slot`` at ``now_s``; the first ``cached_tokens`` tokens' keys are already in cached blocks.
+        With ``book`` (the runtime's), the request's progress lives in the slot's row until it leaves."""
         if self.admitted_seq < 0:
             self.cached_tokens = min(cached_tokens, self.prompt_len)
             self.admitted_s = now_s
         self.status = Status.RUNNING
         self.slot = self.last_slot = slot
         self.admitted_seq = seq
-        self.num_computed_tokens = cached_tokens
-        self.context_target = self.prompt_len + self.num_output_tokens
+        self._computed = cached_tokens
+        self._target = self.prompt_len + self._outputs
+        if book is not None:
+            self._into(book, slot)
+
+    def leave_slot(self) -> None:
+        """Let the slot go: the progress comes back from the slot's book onto the request."""
+        if self._book is not None:
+            self._out_of(self._book, self.slot)
+        self.slot = None
+
+    def _into(self, book: SlotProgress, slot: int) -> None:
+        """Move the progress into ``slot``'s row of ``book``."""
+        assert book.holder[slot] is None, f"slot {slot} is held by {book.holder[slot].request_id}"
+        out, most = self._outputs, max(self.max_new_tokens, self._outputs)
+        n = self.prompt_len + out
+        book.fit(self.prompt_len + most, most)
+        book.tokens[slot, :n] = self._tokens[:n]
+        book.times[slot, :out] = self._times
+        book.computed[slot], book.target[slot], book.pending[slot] = self._computed, self._target, self._pending
+        book.outputs[slot], book.max_new[slot], book.prompt_len[slot] = out, self.max_new_tokens, self.prompt_len
+        book.live[slot] = self.status is Status.RUNNING
+        book.holder[slot] = self
+        book.tenure[slot] += 1
+        self._book = book
+
+    def _out_of(self, book: SlotProgress, slot: int) -> None:
+        """Take the progress back from ``slot``'s row of ``book``."""
+        assert book.holder[slot] is self
+        out, p = int(book.outputs[slot]), self.prompt_len
+        self._tokens[p:p + out] = book.tokens[slot, p:p + out]
+        self._times = book.times[slot, :out].tolist()
+        self._computed, self._target = int(book.computed[slot]), int(book.target[slot])
+        self._pending, self._outputs = int(book.pending[slot]), out
+        book.live[slot] = False
+        book.holder[slot] = None
+        self._book = None
 
     def preempt(self) -> None:
         """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume. A beam
         request starts over: its beams' histories lived only in the decoder state it gave up (the search
         is deterministic, so it ends the same; its token times are those of the final attempt)."""
+        self.leave_slot()
         self.status = Status.WAITING
-        self.slot = None
-        self.num_computed_tokens = self.draft_computed = 0
+        self._computed = self.draft_computed = 0
         self.preemptions += 1
         if self.width > 1:
-            self.num_output_tokens = 0
-            self.token_times_s.clear()
+            self._outputs = 0
+            self._times.clear()
 
     def end(self, status: Status, reason: str) -> None:
         """Terminal status; the strategy releases the slot (static keeps it until its batch ends)."""
         self.status = status
         self.finish_reason = reason
+        if self._book is not None:
+            self._book.live[self.slot] = False

@@ -19,7 +19,8 @@ from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS
 from strategies.runtime.models.llama import build_model
-from strategies.runtime.request import Request, SamplingParams
+from strategies.runtime.request import Request
+from strategies.runtime.sampling_params import SamplingParams
 from tests.benchmarks.test_micro import interleaved
 
 SMALL = PRESETS["small"]

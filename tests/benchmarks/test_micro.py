@@ -31,7 +31,8 @@ from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.kv.paged_attention import generation_attention
 from strategies.runtime.models.config import PRESETS
 from strategies.runtime.models.llama import Attention, build_model
-from strategies.runtime.request import Request, SamplingParams
+from strategies.runtime.request import Request
+from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler
 from tests.util import ListSource
 

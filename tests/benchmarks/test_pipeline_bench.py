@@ -29,7 +29,8 @@ from strategies.registry import get_strategy
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS
 from strategies.runtime.models.llama import build_model
-from strategies.runtime.request import Request, SamplingParams
+from strategies.runtime.request import Request
+from strategies.runtime.sampling_params import SamplingParams
 from tests.util import ListSource
 
 SMALL = replace(PRESETS["small"], hidden_size=512, intermediate_size=1376)  # small's shape, twice as wide

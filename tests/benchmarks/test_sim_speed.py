@@ -12,7 +12,7 @@ from harness.app import load_model, make_trace, resolve_executor
 from harness.context_length import resolve_max_seq_len
 from harness.options import RunOptions
 from harness.runner import build_requests, run_strategy
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 
 CASES = {
     # ~1,500 iterations at batch <= 8 (a 40-request slice of the 200-request run at 5 req/s)

@@ -19,7 +19,7 @@ from strategies.registry import get_strategy
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS
 from strategies.runtime.models.llama import build_model
-from strategies.runtime.request import SamplingParams
+from strategies.runtime.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.soak
 

@@ -95,7 +95,8 @@ class RuntimeBuffers:
         g = len(gen)
         kmax = 0
         if g:
-            gen_slots = np.array([r.slot for r in gen], dtype=np.int64)  # [G]
+            gen_slots = batch.gen_slots if batch.gen_slots is not None else \
+                np.array([r.slot for r in gen], dtype=np.int64)  # [G]
             gen_pos = np.array(batch.gen_positions, dtype=np.int64)  # [G]
             if beams:  # one row per beam: repeat each request's slot and position, number its beams
                 widths = np.array([r.width for r in gen], dtype=np.int64)  # [G]

@@ -36,6 +36,10 @@ class StepIO:
         # [R, 2] per request: its token (beam 0's for a beam request), finish code (device → host)
         self.out = Mirrored(memory, (max_batch, 2), torch.int64)
         self.rows: list[Request] = []  # the request of each output, in order (host only)
+        # [R] the tenure of each output's slot when the step was prepared (host only; the strategy's, set at
+        # launch from its per-slot progress book): postprocess hands a token out in the book only to the
+        # tenure that asked for it
+        self.tenures = np.zeros(max_batch, dtype=np.int64)
         self.num_rows = 0  # len(rows): what the device needs of them
         self.num_admit = 0
         self.num_single = 0  # leading outputs of one sampled row each; beam groups follow

@@ -49,7 +49,8 @@ class BlockManager:
         self.prefix_caching = prefix_caching
         self.tables = np.zeros((num_slots, max_beam, max_blocks_per_seq), dtype=np.int64)  # [S, Kb, MB]
         self.table = self.tables[:, 0]  # [S, MB] each slot's (beam 0's) blocks
-        self.held_blocks = [0] * num_slots  # blocks in each slot's table row (read per request per step)
+        # [S] blocks in each slot's table row: an array, as the scheduler reads it over all decode rows at once
+        self.held_blocks = np.zeros(num_slots, dtype=np.int64)
         self._width = [1] * num_slots  # beam rows of the slot's request
         self._shared = [0] * num_slots  # leading blocks every beam of the slot reads (the prompt's full ones)
         self._hashed = [0] * num_slots  # leading blocks of the row registered in the cache
@@ -78,7 +79,7 @@ class BlockManager:
         return -(-num_tokens // self.tokens_per_block)
 
     def held(self, slot: int) -> int:
-        return self.held_blocks[slot]
+        return int(self.held_blocks[slot])
 
     # --- prefix cache ----------------------------------------------------------------------------
     def block_hashes(self, r: Request, n: int) -> list[int]:
@@ -133,7 +134,7 @@ class BlockManager:
         return self.extra_blocks(slot, num_tokens) <= self.free_blocks
 
     def grow(self, slot: int, num_tokens: int) -> None:
-        n, need = self.held_blocks[slot], self.blocks_for(num_tokens)
+        n, need = int(self.held_blocks[slot]), self.blocks_for(num_tokens)
         if need <= n:  # every beam already holds the blocks (the common decode step)
             return
         extra = self.extra_blocks(slot, num_tokens)
@@ -171,7 +172,15 @@ class BlockManager:
     def release(self, slot: int, r: Request) -> None:
         """Let go of every block of the slot; cached ones stay reusable, tail blocks evicted first."""
         self.commit(slot, r)
-        held, shared = self.held_blocks[slot], self._shared[slot]
+        held, shared = int(self.held_blocks[slot]), self._shared[slot]
+        if not self._hash_of and self._width[slot] == 1:  # nothing cached, so nothing shared: each block is
+            blocks = self.table[slot, :held][::-1].tolist()  # this slot's alone (ref 1); tail blocks first
+            self._free.extend(blocks)
+            for b in blocks:
+                self._ref[b] = 0
+            self.held_blocks[slot] = self._hashed[slot] = 0
+            self._shared[slot] = 0
+            return
         for beam in range(self._width[slot] - 1, 0, -1):  # beams' own blocks: never cached
             self._free.extend(int(b) for b in self.tables[slot, beam, shared:held])
             for i in range(shared, held):
@@ -190,7 +199,7 @@ class BlockManager:
     def trim(self, slot: int, num_tokens: int) -> None:
         """Give back a one-row slot's blocks past ``num_tokens``: speculative decoding's rejected positions
         (never registered in the prefix cache: only blocks of tokens the host knows are)."""
-        keep, held = self.blocks_for(num_tokens), self.held_blocks[slot]
+        keep, held = self.blocks_for(num_tokens), int(self.held_blocks[slot])
         for i in range(keep, held):
             b = int(self.table[slot, i])
             assert b not in self._hash_of, "a block past the computed tokens is never cached"

@@ -142,8 +142,9 @@ class PipelineEngine:
     def times_of(self, iteration: int) -> torch.Tensor:
         return self._times[self._set_of.pop(iteration)]
 
-    def outputs(self, bufs: BufferSet) -> list[list[int]]:
-        return self._out[bufs.index][:len(bufs.step.rows)].tolist()
+    def outputs(self, bufs: BufferSet) -> np.ndarray:
+        """[R, 2] token, finish code per request (the last stage's message, received into host memory)."""
+        return self._out[bufs.index][:len(bufs.step.rows)].numpy()
 
     def what_failed(self, timed_out: bool) -> str:
         """Why the host's wait failed. Timed out: a stage went silent (the stages behind it time out too, and

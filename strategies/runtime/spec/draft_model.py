@@ -29,7 +29,8 @@ from strategies.runtime.engine import Engine, script_model
 from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.models.config import PRESETS, ModelConfig
 from strategies.runtime.models.llama import build_model
-from strategies.runtime.request import Request, SamplingParams
+from strategies.runtime.request import Request
+from strategies.runtime.sampling_params import SamplingParams
 
 GREEDY = SamplingParams(ignore_eos=True)  # drafts: argmax, never a finish
 
@@ -106,7 +107,7 @@ class DraftModel:
             work = self.engine.launch(-1, self.engine.buffer_sets[j])
         self.stream.wait(work)  # the last pass; stream order ran the others before it
         for j in range(passes):
-            tokens = iter(tok for tok, _ in self.engine.outputs(self.engine.buffer_sets[j]))
+            tokens = iter(self.engine.outputs(self.engine.buffer_sets[j])[:, 0].tolist())
             for v, g in zip(steps, guessed, strict=True):
                 if len(v.drafts) + g > j:
                     token = next(tokens)

@@ -1,0 +1,160 @@
+"""The runtime's per-slot progress book (strategies/runtime/progress.py).
+
+Two promises. One book at a time: a running request's counters and tokens are in its slot's row and a
+request that holds no slot keeps its own. And the array paths — the scheduler's choice of decode rows and
+the postprocess's hand-out of continuing tokens — do exactly what the request-by-request loops do: the loops
+are the reference (every strategy ran them before the book existed, and still runs them below
+``MIN_ARRAY_ROWS`` rows and wherever the arrays step aside), so each run here is made twice, once with the
+arrays on every step and once with none, on the simulated device with modelled host time (every time in
+the records is then virtual, so the two runs must agree to the last field)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import strategies.runtime.progress as progress
+import strategies.scheduler as scheduler
+from strategies.config import ExecutorConfig, SimConfig
+from strategies.registry import get_strategy
+from strategies.runtime.request import Request, Status
+from strategies.runtime.sampling_params import SamplingParams
+from strategies.runtime.sim.engine import SIM_VOCAB, proxy_config
+from strategies.runtime.sim.specs import MODEL_SPECS
+from tests.util import ListSource, assert_accounted
+
+MODEL = proxy_config(MODEL_SPECS["llama-3-8b"])
+SIM = SimConfig(gpu="h100", model_spec="llama-3-8b", host_time="modelled", host_ms_per_iteration=0.2,
+                host_us_per_request=2.0)
+CASES = {  # strategy, config, what the case exercises
+    "inflight": ("inflight", {}),  # guaranteed-no-evict: blocks taken at admission
+    "max-utilization": ("inflight", {"capacity_policy": "max-utilization", "kv_blocks": 300}),  # preemption
+    "overlap": ("overlap", {"capacity_policy": "max-utilization", "kv_blocks": 300}),  # rows of a left slot in flight
+    "static": ("static", {}),  # finished requests keep their slots until the batch ends
+    "prefix-chunked": ("inflight", {"prefix_caching": True, "max_num_tokens": 256}),
+    "budget-bound": ("inflight", {"max_num_tokens": 24}),  # short prompts: more decodes than a step's tokens
+}
+
+_HAND_OUT = progress.SlotProgress.hand_out
+_DECODE_ROWS = scheduler.IterationScheduler._decode_rows
+_DECODE_LOOP = scheduler.IterationScheduler._decode_loop
+
+
+def _requests(short: bool) -> list[Request]:
+    rng = np.random.default_rng(0)
+    shared = rng.integers(3, SIM_VOCAB, 64)  # a prefix half of them share (prefix caching)
+    out = []
+    for i in range(160):
+        own = rng.integers(3, SIM_VOCAB, int(rng.integers(2, 6) if short else rng.integers(8, 200)))
+        prompt = np.concatenate((shared, own)) if i % 2 and not short else own
+        sampling = SamplingParams(seed=i, ignore_eos=i % 3 != 0, stop_token_ids=(5,) if i % 7 == 0 else ())
+        out.append(Request(f"r{i}", prompt, int(rng.integers(1, 120)), sampling, arrival_s=i * 0.004))
+    return out
+
+
+def _run(case: str, arrays: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Request], list[dict], dict]:
+    name, extra = CASES[case]
+    rows = 1 if arrays else 10**9
+    monkeypatch.setattr(progress, "MIN_ARRAY_ROWS", rows)
+    monkeypatch.setattr(scheduler, "MIN_ARRAY_ROWS", rows)
+    used = {"hand_out": 0, "decode_rows": 0, "decode_loop": 0}
+    hand_out, decode_rows, loop = _HAND_OUT, _DECODE_ROWS, _DECODE_LOOP  # the originals, not an earlier run's spies
+
+    def count_hand_out(self, slots, *args):
+        rest = hand_out(self, slots, *args)
+        used["hand_out"] += len(slots) - len(rest)
+        return rest
+
+    def count_decode_rows(self, batch, running, budget):
+        picked = decode_rows(self, batch, running, budget)
+        used["decode_rows"] += picked is not None
+        return picked
+
+    def count_loop(self, *args):
+        used["decode_loop"] += 1
+        return loop(self, *args)
+
+    monkeypatch.setattr(progress.SlotProgress, "hand_out", count_hand_out)
+    monkeypatch.setattr(scheduler.IterationScheduler, "_decode_rows", count_decode_rows)
+    monkeypatch.setattr(scheduler.IterationScheduler, "_decode_loop", count_loop)
+    cfg = ExecutorConfig(**{"device": "sim", "sim": SIM, "max_batch_size": 48, "max_seq_len": 512,
+                            "max_num_tokens": 2048, "tokens_per_block": 16, **extra})
+    requests = _requests(case == "budget-bound")
+    s = get_strategy(name)(MODEL, None, cfg)
+    s.iteration_hook = lambda _: _one_book(s, requests)
+    try:
+        s.run(ListSource(requests))
+    finally:
+        s.close()
+    assert_accounted(requests)
+    _one_book(s, requests)
+    return requests, [r.to_dict() for r in s.records], used
+
+
+def _one_book(s, requests: list[Request]) -> None:
+    """Every request that holds a slot is in that slot's row of the strategy's book; no other is anywhere."""
+    book = s.progress
+    for r in requests:
+        if r.slot is None:
+            assert r._book is None, r.request_id
+        else:
+            assert r._book is book and book.holder[r.slot] is r, r.request_id
+    held = {r.slot for r in requests if r.slot is not None}
+    assert {i for i, h in enumerate(book.holder) if h is not None} == held
+    assert all(book.live[r.slot] == (r.status is Status.RUNNING) for r in requests if r.slot is not None)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_array_paths_do_what_the_loops_do(case, monkeypatch):
+    ref, ref_records, ref_used = _run(case, False, monkeypatch)
+    got, records, used = _run(case, True, monkeypatch)
+    assert ref_used["hand_out"] == ref_used["decode_rows"] == 0  # the reference ran the loops alone
+    assert used["hand_out"] > 0.8 * sum(r.num_output_tokens for r in got)  # most tokens went through the arrays
+    if case != "static":  # static schedules its own batches
+        assert used["decode_rows"] > 0.5 * len(records)
+    if case in ("max-utilization", "overlap"):  # preemption happened, and the loop chose where the arrays could not
+        assert sum(r.preemptions for r in got) > 0 and used["decode_loop"] > 0
+    for a, b in zip(ref, got, strict=True):
+        assert (a.output_token_ids, a.token_times_s, a.finish_reason, a.preemptions, a.num_computed_tokens) == \
+            (b.output_token_ids, b.token_times_s, b.finish_reason, b.preemptions, b.num_computed_tokens), a.request_id
+    assert records == ref_records
+
+
+def test_a_request_takes_its_progress_with_it():
+    """Admission moves the request's tokens and counters into the slot's row; leaving moves them back, and the
+    row's later tenants do not touch them."""
+    book = progress.SlotProgress(2)
+    r = Request("a", np.arange(3, 8), 100)
+    r.append_token(9, 0.5)
+    r.admit(1, 0, book=book)
+    assert r._book is book and book.holder[1] is r and book.tenure[1] == 1
+    assert list(r.token_ids) == [3, 4, 5, 6, 7, 9] and r.token_times_s == [0.5]
+    r.num_computed_tokens, r.pending_samples = 6, 1
+    r.append_token(11, 0.75)
+    assert (int(book.outputs[1]), int(book.computed[1]), r.num_output_tokens) == (2, 6, 2)
+    r.leave_slot()
+    assert r._book is None and book.holder[1] is None
+    other = Request("b", np.arange(20, 30), 400)  # wider than the book's rows: they widen
+    other.admit(1, 1, book=book)
+    other.append_token(1, 1.0)
+    assert book.tokens.shape[1] >= 410 and book.tenure[1] == 2
+    assert (r.output_token_ids, r.token_times_s) == ([9, 11], [0.5, 0.75])
+    assert (r.num_computed_tokens, r.pending_samples) == (6, 1)
+    assert other.output_token_ids == [1]
+
+
+def test_a_row_of_an_earlier_tenure_is_left_to_the_loop():
+    """A step's row whose slot another request has taken since (or the same one again) is not handed out in
+    the book: the loop reads it for the request that asked."""
+    book = progress.SlotProgress(32)
+    reqs = [Request(f"r{i}", np.arange(3, 9), 10) for i in range(20)]
+    for i, r in enumerate(reqs):
+        r.admit(i, i, book=book)
+        r.pending_samples = 1
+    tenures = book.tenure[:20].copy()
+    reqs[4].leave_slot()
+    Request("new", np.arange(3, 9), 10).admit(4, 20, book=book)  # slot 4's next tenant
+    out = np.stack([np.arange(20) + 100, np.zeros(20, dtype=np.int64)], axis=1)  # [20, 2] every row continues
+    rest = book.hand_out(np.arange(20), tenures, out, 2.0)
+    assert rest.tolist() == [4]
+    assert [r.output_token_ids for r in reqs[:6]] == [[100], [101], [102], [103], [], [105]]
