@@ -226,8 +226,8 @@ class Strategy(Executor):
     def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
         with self._phase(rec, "prepare"):
             self.engine.prepare(batch, bufs, self.kv.tables, self.cross_kv.table if self.cross_kv else None)
-            io = bufs.step
-            io.tenures[:io.num_rows] = self.progress.tenure[io.slots.np[:io.num_rows]]
+            io = bufs.step  # each row's slot key, as its holder runs now (progress.py: SlotProgress.key)
+            io.keys[:io.num_rows] = self.progress.key[io.slots.np[:io.num_rows]] | 1
         work = self.engine.launch(rec.iteration, bufs)
         rec.launch_s = self.clock.now()
         rec.buffer_set = bufs.index
@@ -261,7 +261,7 @@ class Strategy(Executor):
             rows, n = io.rows, len(io.rows)
             beams_done: list[tuple[Request, int]] = []
             running = Status.RUNNING
-            for i in self.progress.hand_out(io.slots.np[:n], io.tenures[:n], out, now).tolist():
+            for i in self.progress.hand_out(io.slots.np[:n], io.keys[:n], out, now):
                 r, tok, code = rows[i], int(out[i, 0]), int(out[i, 1])
                 r.pending_samples -= 1
                 if code == CONTINUE and r.status is running:
@@ -293,7 +293,7 @@ class Strategy(Executor):
 
     def _finish(self, r: Request, reason: str) -> None:
         self._release(r)
-        if r in self.waiting:  # overlap: preempted while its last token was still on the device
+        if r.status is Status.WAITING and r in self.waiting:  # overlap: preempted with its last token on the device
             self.waiting.remove(r)
         r.end(Status.FINISHED, reason)
         assert self.source is not None

@@ -26,7 +26,7 @@ import numpy as np
 from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
-from strategies.runtime.progress import MIN_ARRAY_ROWS, SlotProgress
+from strategies.runtime.progress import COMPUTED, MAX_NEW, MIN_ARRAY_ROWS, SCHEDULED, TARGET, SlotProgress
 from strategies.runtime.request import Request
 from strategies.speculation import propose_drafts
 
@@ -51,8 +51,7 @@ class IterationScheduler:
         batch = ScheduledBatch(iteration)
         kv, tpb = self.kv, self.kv.tokens_per_block
         budget = self.config.max_num_tokens
-        arrays = self.book is not None and len(running) >= MIN_ARRAY_ROWS
-        picked = self._decode_rows(batch, running, budget) if arrays else None
+        picked = self._decode_rows(batch, running, budget) if self.book is not None else None
         prefills, budget = picked if picked is not None else self._decode_loop(batch, running, budget, preempt)
         for r in prefills:  # then prefill chunks
             if r.slot is None:
@@ -98,28 +97,52 @@ class IterationScheduler:
     def _decode_rows(self, batch: ScheduledBatch, running: list[Request],
                      budget: int) -> tuple[list[Request], int] | None:
         """Decodes first, one token each in admission order while the budget lasts: the decode loop's
-        choice made over the book's arrays. Returns the requests still prefilling and the budget left, or
-        None, having changed nothing, where the loop must choose (a decode's new block would preempt:
-        max-utilization with too few free blocks)."""
+        choice made over the book's counters — as arrays from ``MIN_ARRAY_ROWS`` running requests, row by
+        row below. Returns the requests still prefilling and the budget left, or None, having changed
+        nothing, where the loop must choose (a decode's new block would preempt: max-utilization with too
+        few free blocks)."""
         book, kv, tpb = self.book, self.kv, self.kv.tokens_per_block
         assert book is not None
-        slots = np.fromiter([r.slot for r in running], np.int64, len(running))  # [N]
-        computed = book.computed[slots]  # [N]
-        decoding = computed >= book.target[slots]  # [N]
-        wants = decoding & (book.outputs[slots] + book.pending[slots] < book.max_new[slots])  # [N]
-        rows = np.flatnonzero(wants)[:budget]  # [G] indices into running
-        slots, positions = slots[rows], computed[rows]  # [G] each: the input token's position
-        new_block = np.flatnonzero(positions >= kv.held_blocks[slots] * tpb)  # [g] starts a block
-        if not self.guaranteed and len(new_block) > kv.free_blocks:
-            return None
-        for i in new_block.tolist():
-            kv.grow(int(slots[i]), int(positions[i]) + 1)
-        book.computed[slots] = positions + 1
-        book.pending[slots] += 1
-        batch.gen_requests = [running[i] for i in rows.tolist()]
-        batch.gen_positions = positions.tolist()
+        counters, held = book.counters, kv.held_blocks
+        if len(running) >= MIN_ARRAY_ROWS:
+            slots = np.fromiter([r.slot for r in running], np.int64, len(running))  # [N]
+            c = counters[slots]  # [N, 6]
+            computed = c[:, COMPUTED]  # [N]
+            decoding = computed >= c[:, TARGET]  # [N]
+            wants = decoding & (c[:, SCHEDULED] < c[:, MAX_NEW])  # [N] not every token it may get is on its way
+            picked = np.flatnonzero(wants)[:budget]  # [G] indices into running
+            slots, positions = slots[picked], computed[picked]  # [G] each: the input token's position
+            new_block = np.flatnonzero(positions >= held[slots] * tpb).tolist()  # [g] starts a block
+            if not self.guaranteed and len(new_block) > kv.free_blocks:
+                return None
+            counters[slots, COMPUTED] = positions + 1
+            counters[slots, SCHEDULED] += 1
+            rows, batch.gen_positions = picked.tolist(), positions.tolist()
+            prefills = [running[i] for i in np.flatnonzero(~decoding).tolist()]
+        else:
+            rows, slot_list, positions, new_block, prefills = [], [], [], [], []
+            for i, r in enumerate(running):
+                slot = r.slot
+                computed, target, scheduled, _, most, _ = counters[slot].tolist()
+                if computed < target:
+                    prefills.append(r)
+                elif scheduled < most and len(rows) < budget:
+                    if computed >= held.item(slot) * tpb:
+                        new_block.append(len(rows))
+                    rows.append(i)
+                    slot_list.append(slot)
+                    positions.append(computed)
+            if not self.guaranteed and len(new_block) > kv.free_blocks:
+                return None
+            for slot, position in zip(slot_list, positions, strict=True):
+                counters[slot, COMPUTED] = position + 1
+                counters[slot, SCHEDULED] += 1
+            slots, batch.gen_positions = np.array(slot_list, np.int64), positions
+        for i in new_block:
+            kv.grow(int(slots[i]), batch.gen_positions[i] + 1)
+        batch.gen_requests = [running[i] for i in rows]
         batch.gen_slots = slots
-        return [running[i] for i in np.flatnonzero(~decoding).tolist()], budget - len(rows)
+        return prefills, budget - len(rows)
 
     def _decode_loop(self, batch: ScheduledBatch, running: list[Request], budget: int,
                      preempt: Preempt) -> tuple[list[Request], int]:

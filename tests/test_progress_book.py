@@ -1,12 +1,13 @@
 """The runtime's per-slot progress book (strategies/runtime/progress.py).
 
 Two promises. One book at a time: a running request's counters and tokens are in its slot's row and a
-request that holds no slot keeps its own. And the array paths — the scheduler's choice of decode rows and
-the postprocess's hand-out of continuing tokens — do exactly what the request-by-request loops do: the loops
-are the reference (every strategy ran them before the book existed, and still runs them below
-``MIN_ARRAY_ROWS`` rows and wherever the arrays step aside), so each run here is made twice, once with the
-arrays on every step and once with none, on the simulated device with modelled host time (every time in
-the records is then virtual, so the two runs must agree to the last field)."""
+request that holds no slot keeps its own. And the book's paths — the scheduler's choice of decode rows and
+the postprocess's hand-out of continuing tokens, row by row or as arrays — do exactly what the request-by-
+request loops do: the loops are the reference (every strategy ran them before the book existed, and still
+runs them wherever the book's paths step aside: beams, drafts, preemption, finishes), so each run here is
+made with the loops alone and again with each of the book's paths on every step, on the simulated device
+with modelled host time (every time in the records is then virtual, so the runs must agree to the last
+field)."""
 
 from __future__ import annotations
 
@@ -52,21 +53,22 @@ def _requests(short: bool) -> list[Request]:
     return out
 
 
-def _run(case: str, arrays: bool, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Request], list[dict], dict]:
+def _run(case: str, mode: str, monkeypatch: pytest.MonkeyPatch) -> tuple[list[Request], list[dict], dict]:
+    """``mode``: "loops" (the reference: every row through the request-by-request loops), "rows" (the book's
+    paths, row by row) or "arrays" (the book's paths, as arrays on every step)."""
     name, extra = CASES[case]
-    rows = 1 if arrays else 10**9
-    monkeypatch.setattr(progress, "MIN_ARRAY_ROWS", rows)
-    monkeypatch.setattr(scheduler, "MIN_ARRAY_ROWS", rows)
+    for module in (progress, scheduler):
+        monkeypatch.setattr(module, "MIN_ARRAY_ROWS", 1 if mode == "arrays" else 10**9)
     used = {"hand_out": 0, "decode_rows": 0, "decode_loop": 0}
     hand_out, decode_rows, loop = _HAND_OUT, _DECODE_ROWS, _DECODE_LOOP  # the originals, not an earlier run's spies
 
     def count_hand_out(self, slots, *args):
-        rest = hand_out(self, slots, *args)
+        rest = hand_out(self, slots, *args) if mode != "loops" else list(range(len(slots)))
         used["hand_out"] += len(slots) - len(rest)
         return rest
 
     def count_decode_rows(self, batch, running, budget):
-        picked = decode_rows(self, batch, running, budget)
+        picked = decode_rows(self, batch, running, budget) if mode != "loops" else None
         used["decode_rows"] += picked is not None
         return picked
 
@@ -101,18 +103,19 @@ def _one_book(s, requests: list[Request]) -> None:
             assert r._book is book and book.holder[r.slot] is r, r.request_id
     held = {r.slot for r in requests if r.slot is not None}
     assert {i for i, h in enumerate(book.holder) if h is not None} == held
-    assert all(book.live[r.slot] == (r.status is Status.RUNNING) for r in requests if r.slot is not None)
+    assert all(book.key[r.slot] % 2 == (r.status is Status.RUNNING) for r in requests if r.slot is not None)
 
 
+@pytest.mark.parametrize("mode", ["rows", "arrays"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_the_array_paths_do_what_the_loops_do(case, monkeypatch):
-    ref, ref_records, ref_used = _run(case, False, monkeypatch)
-    got, records, used = _run(case, True, monkeypatch)
+def test_the_book_paths_do_what_the_loops_do(case, mode, monkeypatch):
+    ref, ref_records, ref_used = _run(case, "loops", monkeypatch)
+    got, records, used = _run(case, mode, monkeypatch)
     assert ref_used["hand_out"] == ref_used["decode_rows"] == 0  # the reference ran the loops alone
-    assert used["hand_out"] > 0.8 * sum(r.num_output_tokens for r in got)  # most tokens went through the arrays
+    assert used["hand_out"] > 0.8 * sum(r.num_output_tokens for r in got)  # most tokens went through the book
     if case != "static":  # static schedules its own batches
         assert used["decode_rows"] > 0.5 * len(records)
-    if case in ("max-utilization", "overlap"):  # preemption happened, and the loop chose where the arrays could not
+    if case in ("max-utilization", "overlap"):  # preemption happened, and the loop chose where the book could not
         assert sum(r.preemptions for r in got) > 0 and used["decode_loop"] > 0
     for a, b in zip(ref, got, strict=True):
         assert (a.output_token_ids, a.token_times_s, a.finish_reason, a.preemptions, a.num_computed_tokens) == \
@@ -127,34 +130,43 @@ def test_a_request_takes_its_progress_with_it():
     r = Request("a", np.arange(3, 8), 100)
     r.append_token(9, 0.5)
     r.admit(1, 0, book=book)
-    assert r._book is book and book.holder[1] is r and book.tenure[1] == 1
+    assert r._book is book and book.holder[1] is r and book.key[1] == 2 * 1 + 1  # first tenure, running
     assert list(r.token_ids) == [3, 4, 5, 6, 7, 9] and r.token_times_s == [0.5]
-    r.num_computed_tokens, r.pending_samples = 6, 1
-    r.append_token(11, 0.75)
-    assert (int(book.outputs[1]), int(book.computed[1]), r.num_output_tokens) == (2, 6, 2)
+    r.num_computed_tokens, r.pending_samples = 6, 2
+    r.append_token(11, 0.75)  # received: in flight stays as it was (the caller counts a row read)
+    assert book.counters[1].tolist() == [6, 6, 4, 2, 100, 5]  # computed, target, scheduled, outputs, max, prompt
+    assert (r.num_output_tokens, r.pending_samples, r.num_scheduled_samples) == (2, 2, 4)
+    r.num_output_tokens = 1  # set by hand (a test's set-up): what is in flight stays in flight
+    assert (r.num_output_tokens, r.pending_samples) == (1, 2)
+    r.num_output_tokens = 2
+    r.pending_samples -= 1
     r.leave_slot()
-    assert r._book is None and book.holder[1] is None
+    assert r._book is None and book.holder[1] is None and book.key[1] == 2
     other = Request("b", np.arange(20, 30), 400)  # wider than the book's rows: they widen
     other.admit(1, 1, book=book)
     other.append_token(1, 1.0)
-    assert book.tokens.shape[1] >= 410 and book.tenure[1] == 2
+    assert book.tokens.shape[1] >= 410 and book.key[1] == 2 * 2 + 1
     assert (r.output_token_ids, r.token_times_s) == ([9, 11], [0.5, 0.75])
-    assert (r.num_computed_tokens, r.pending_samples) == (6, 1)
+    assert (r.num_computed_tokens, r.pending_samples, r.num_scheduled_samples) == (6, 1, 3)
     assert other.output_token_ids == [1]
 
 
-def test_a_row_of_an_earlier_tenure_is_left_to_the_loop():
-    """A step's row whose slot another request has taken since (or the same one again) is not handed out in
-    the book: the loop reads it for the request that asked."""
+@pytest.mark.parametrize("arrays", [True, False])
+def test_a_row_of_an_earlier_tenure_is_left_to_the_loop(arrays, monkeypatch):
+    """A step's row whose slot another request has taken since (or the same one again), or whose request no
+    longer runs, is not handed out in the book: the loop reads it for the request that asked."""
+    monkeypatch.setattr(progress, "MIN_ARRAY_ROWS", 1 if arrays else 10**9)
     book = progress.SlotProgress(32)
     reqs = [Request(f"r{i}", np.arange(3, 9), 10) for i in range(20)]
     for i, r in enumerate(reqs):
         r.admit(i, i, book=book)
         r.pending_samples = 1
-    tenures = book.tenure[:20].copy()
+    keys = book.key[:20] | 1
     reqs[4].leave_slot()
     Request("new", np.arange(3, 9), 10).admit(4, 20, book=book)  # slot 4's next tenant
     out = np.stack([np.arange(20) + 100, np.zeros(20, dtype=np.int64)], axis=1)  # [20, 2] every row continues
-    rest = book.hand_out(np.arange(20), tenures, out, 2.0)
-    assert rest.tolist() == [4]
-    assert [r.output_token_ids for r in reqs[:6]] == [[100], [101], [102], [103], [], [105]]
+    reqs[7].end(Status.FINISHED, "stop")  # static keeps its slot: it no longer runs there
+    rest = book.hand_out(np.arange(20), keys, out, 2.0)
+    assert rest == [4, 7]
+    assert [r.output_token_ids for r in reqs[:8]] == [[100], [101], [102], [103], [], [105], [106], []]
+    assert (reqs[0].pending_samples, reqs[7].pending_samples) == (0, 1)

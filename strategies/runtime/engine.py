@@ -92,7 +92,7 @@ class Engine:
         slot and beam; ``cross_table [S, MB]``: encoder–decoder models' cross-attention blocks)."""
         order = batch.sampled_requests
         bufs.runtime.fill(batch, block_table, order)
-        bufs.step.fill(order, batch.admitted, self.cfg.eos_token_id)
+        bufs.step.fill(order, batch.admitted, self.cfg.eos_token_id, batch.gen_slots)
         if bufs.drafts is not None:
             bufs.drafts.fill(batch.verify, bufs.step.slot_modes)
         bufs.work = batch.work()

@@ -6,9 +6,9 @@ else: ``Request`` reads and writes them through properties, moves its values int
 admission and takes them back when it lets the slot go (``request.py``; this module knows no request).
 vLLM v1's ``InputBatch`` (``token_ids_cpu``, ``num_computed_tokens_cpu`` per request row) and TensorRT-LLM's
 decoder state keep request progress the same way, so that the host's per-step work — the scheduler's
-decode rows, the postprocess's token hand-out — is a few array operations over the running slots rather
-than a Python loop over requests (issue 27: at batch ~250 those loops were most of a simulated step's
-host time).
+decode rows, the postprocess's token hand-out — is done over the book, as a few array operations over the
+running slots at large batches, instead of request by request (issue 27: at batch ~250 those loops were
+most of a simulated step's host time).
 """
 
 from __future__ import annotations
@@ -18,47 +18,79 @@ import numpy as np
 from strategies.runtime.decoder.state import CONTINUE
 
 MIN_COLUMNS = 64  # first width of the token rows; they double as longer requests arrive
-# Fewer rows than this are faster request by request: an array operation costs ~1 us however short its array,
-# and a step's hand-out or decode choice is ~20 of them (measured: at batch <= 5 the arrays doubled a simulated
-# step's host time; at ~250 they took it from 0.46 to 0.36 ms)
-MIN_ARRAY_ROWS = 16
+# From this many rows a step's hand-out and decode choice are array operations over them; below, row by row is
+# faster: an array operation costs ~1 us however short its array (measured warm, arrays / row by row, us: the
+# decode choice 29 / 7 at 2 rows, 20 / 15 at 16, 22 / 29 at 32, 45 / 197 at 250; the hand-out 20 / 4, 13 / 11,
+# 15 / 22, 23 / 163)
+MIN_ARRAY_ROWS = 24
+# Columns of ``counters``: tokens whose KV is written or launched; tokens to prefill on this admission; samples
+# scheduled (received or still on the device: in flight = SCHEDULED - OUTPUTS, so a token handed out moves one
+# column); output tokens received (next to SCHEDULED: a token appended moves both as one slice); max_new_tokens;
+# prompt length
+COMPUTED, TARGET, SCHEDULED, OUTPUTS, MAX_NEW, PROMPT = range(6)
 
 
 class SlotProgress:
     def __init__(self, num_slots: int) -> None:
         self.num_slots = num_slots
-        self.computed = np.zeros(num_slots, dtype=np.int64)  # [S] tokens whose KV is written or launched
-        self.target = np.zeros(num_slots, dtype=np.int64)  # [S] tokens to prefill on this admission
-        self.pending = np.zeros(num_slots, dtype=np.int64)  # [S] samples launched, not yet read by the host
-        self.outputs = np.zeros(num_slots, dtype=np.int64)  # [S] output tokens received
-        self.max_new = np.zeros(num_slots, dtype=np.int64)  # [S] the request's max_new_tokens
-        self.prompt_len = np.zeros(num_slots, dtype=np.int64)  # [S]
-        self.live = np.zeros(num_slots, dtype=bool)  # [S] held by a RUNNING request (static keeps finished ones)
+        self.counters = np.zeros((num_slots, 6), dtype=np.int64)  # [S, 6] the columns above
+        # [S] 2 x tenure (admissions into the slot so far) + 1 while its holder runs (static keeps finished
+        # requests' slots): a step's row is handed out here only if its slot's key is still the one it was
+        # prepared with — not after a finish, a preemption or a new tenant
+        self.key = np.zeros(num_slots, dtype=np.int64)
         self.holder = np.full(num_slots, None, dtype=object)  # [S] the request holding the slot, None if free
-        # [S] admissions into the slot so far: a step's row whose slot has been taken again since it was
-        # scheduled (overlap: finished, or preempted, meanwhile) is told apart from the new tenure's
-        self.tenure = np.zeros(num_slots, dtype=np.int64)
         self.tokens = np.zeros((num_slots, MIN_COLUMNS), dtype=np.int64)  # [S, C] prompt then outputs
         self.times = np.zeros((num_slots, MIN_COLUMNS), dtype=np.float64)  # [S, C'] when each output was received
 
-    def hand_out(self, slots: np.ndarray, tenures: np.ndarray, out: np.ndarray, now: float) -> np.ndarray:
-        """A step's outputs (``out [R, 2]`` token, finish code; the slot of each row and the slot's tenure when
-        the step was prepared, ``[R]`` each): the common case at once — a row that continues a running
-        request in the tenure that asked for it gets its token and time. Returns the indices of the other
-        rows (finishes, discarded rows, a request that left its slot meanwhile), for the strategy's loop.
-        Below ``MIN_ARRAY_ROWS`` rows that loop takes them all."""
-        if len(slots) < MIN_ARRAY_ROWS:
-            return np.arange(len(slots))
-        fast = out[:, 1] == CONTINUE  # [R]
-        fast &= self.live[slots]
-        fast &= self.tenure[slots] == tenures
-        s = slots[fast]  # [F] distinct: a slot has one request, a request one row
-        self.pending[s] -= 1
-        k = self.outputs[s]  # [F]
-        self.tokens[s, self.prompt_len[s] + k] = out[fast, 0]
-        self.times[s, k] = now
-        self.outputs[s] = k + 1
-        return np.flatnonzero(~fast)
+    def take(self, slot: int, holder: object, counters: tuple[int, ...], tokens: np.ndarray, times: list[float],
+             running: bool) -> None:
+        """``holder`` takes ``slot`` with its ``counters`` (the six columns), ``tokens`` (prompt and outputs)
+        and output ``times``."""
+        assert self.holder[slot] is None, f"slot {slot} is held"
+        most = max(counters[MAX_NEW], counters[OUTPUTS])
+        self.fit(counters[PROMPT] + most, most)
+        self.counters[slot] = counters
+        self.tokens[slot, :len(tokens)] = tokens
+        self.times[slot, :len(times)] = times
+        self.key[slot] = (self.key[slot] | 1) + 1 + running  # the next tenure
+        self.holder[slot] = holder
+
+    def give_back(self, slot: int) -> tuple[list[int], np.ndarray, list[float]]:
+        """The holder leaves ``slot``: its counters, output tokens (a view: copy before the slot is taken
+        again) and output times."""
+        c = self.counters[slot].tolist()
+        self.key[slot] &= ~1
+        self.holder[slot] = None
+        return c, self.tokens[slot, c[PROMPT]:c[PROMPT] + c[OUTPUTS]], self.times[slot, :c[OUTPUTS]].tolist()
+
+    def hand_out(self, slots: np.ndarray, keys: np.ndarray, out: np.ndarray, now: float) -> list[int]:
+        """A step's outputs (``out [R, 2]`` token, finish code; the slot of each row and the key its holder had
+        when the step was prepared, ``[R]`` each): the common case here — a row that continues a request
+        still running in that tenure gets its token and time (as arrays from ``MIN_ARRAY_ROWS`` rows, row by
+        row below). Returns the indices of the other rows (finishes, discarded rows, a request that left
+        its slot meanwhile), for the strategy's loop."""
+        if len(slots) >= MIN_ARRAY_ROWS:
+            fast = out[:, 1] == CONTINUE  # [R]
+            fast &= self.key[slots] == keys
+            s = slots[fast]  # [F] distinct: a slot has one request, a request one row
+            c = self.counters[s]  # [F, 6]
+            k = c[:, OUTPUTS]  # [F]
+            self.tokens[s, c[:, PROMPT] + k] = out[fast, 0]
+            self.times[s, k] = now
+            self.counters[s, OUTPUTS] = k + 1  # one sample less in flight: SCHEDULED stays
+            return np.flatnonzero(~fast).tolist()
+        rest = []
+        counters, key, tokens, times = self.counters, self.key, self.tokens, self.times
+        for i, (s, expected, (token, code)) in enumerate(zip(slots.tolist(), keys.tolist(), out.tolist(),
+                                                           strict=True)):
+            if code != CONTINUE or key.item(s) != expected:
+                rest.append(i)
+                continue
+            k = counters.item(s, OUTPUTS)
+            tokens[s, counters.item(s, PROMPT) + k] = token
+            times[s, k] = now
+            counters[s, OUTPUTS] = k + 1
+        return rest
 
     def fit(self, columns: int, time_columns: int) -> None:
         """Widen the rows (doubling) so that a request of ``columns`` tokens fits; rare, and never per step."""

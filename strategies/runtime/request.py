@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from strategies.runtime.progress import COMPUTED, OUTPUTS, SCHEDULED, TARGET
 from strategies.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -31,24 +32,24 @@ for _status in Status:
 
 
 class _Booked:
-    """A progress counter: in the runtime's per-slot book (``progress.py``) while the request holds a slot,
-    on the request (``_<column>``) otherwise — one place at a time."""
+    """A progress counter: in its column of the runtime's per-slot book (``progress.py``) while the request
+    holds a slot, on the request (``own``) otherwise — one place at a time."""
 
-    def __init__(self, column: str) -> None:
-        self.column, self.own = column, f"_{column}"
+    def __init__(self, column: int, own: str) -> None:
+        self.column, self.own = column, own
 
     def __get__(self, r: Any, owner: type | None = None) -> Any:
         if r is None:
             return self
         book = r._book
-        return getattr(r, self.own) if book is None else getattr(book, self.column).item(r.slot)
+        return getattr(r, self.own) if book is None else book.counters.item(r.slot, self.column)
 
     def __set__(self, r: Any, value: int) -> None:
         book = r._book
         if book is None:
             setattr(r, self.own, value)
         else:
-            getattr(book, self.column)[r.slot] = value
+            book.counters[r.slot, self.column] = value
 
 
 @dataclass(eq=False)
@@ -97,10 +98,39 @@ class Request:
     _times: list[float] = field(default_factory=list, init=False, repr=False)
     _book: SlotProgress | None = field(default=None, init=False, repr=False)
 
-    num_computed_tokens = _Booked("computed")  # tokens whose KV is written or launched into the slot's cache
-    context_target = _Booked("target")  # tokens to prefill on this admission: prompt + outputs known at admission
-    pending_samples = _Booked("pending")  # samples launched on the device whose token the host has not read yet
-    num_output_tokens = _Booked("outputs")  # output tokens the host has received
+    num_computed_tokens = _Booked(COMPUTED, "_computed")  # tokens whose KV is written or launched (slot's cache)
+    context_target = _Booked(TARGET, "_target")  # tokens to prefill on this admission: prompt + outputs known then
+
+    @property
+    def pending_samples(self) -> int:
+        """Samples launched on the device whose token the host has not read yet."""
+        book = self._book
+        if book is None:
+            return self._pending
+        return book.counters.item(self.slot, SCHEDULED) - book.counters.item(self.slot, OUTPUTS)
+
+    @pending_samples.setter
+    def pending_samples(self, value: int) -> None:
+        book = self._book
+        if book is None:
+            self._pending = value
+        else:
+            book.counters[self.slot, SCHEDULED] = book.counters.item(self.slot, OUTPUTS) + value
+
+    @property
+    def num_output_tokens(self) -> int:
+        """Output tokens the host has received."""
+        book = self._book
+        return self._outputs if book is None else book.counters.item(self.slot, OUTPUTS)
+
+    @num_output_tokens.setter
+    def num_output_tokens(self, value: int) -> None:
+        book = self._book
+        if book is None:
+            self._outputs = value
+        else:  # as many samples still in flight as before
+            book.counters[self.slot, SCHEDULED] += value - book.counters.item(self.slot, OUTPUTS)
+            book.counters[self.slot, OUTPUTS] = value
 
     # Plain attributes fixed at creation, because the scheduler reads them per request per step:
     width: int = field(init=False)  # decoder rows the request occupies: its beams (1 without beam search)
@@ -144,7 +174,7 @@ class Request:
         book = self._book
         if book is None:
             return self._tokens[: self.prompt_len + self._outputs]
-        return book.tokens[self.slot, : self.prompt_len + book.outputs[self.slot]]
+        return book.tokens[self.slot, : self.prompt_len + book.counters.item(self.slot, OUTPUTS)]
 
     @property
     def output_token_ids(self) -> list[int]:
@@ -157,7 +187,9 @@ class Request:
     def token_times_s(self) -> list[float]:
         """When the host handed each output token out (run clock)."""
         book = self._book
-        return self._times if book is None else book.times[self.slot, : book.outputs[self.slot]].tolist()
+        if book is None:
+            return self._times
+        return book.times[self.slot, : book.counters.item(self.slot, OUTPUTS)].tolist()
 
     @property
     def is_prefilling(self) -> bool:
@@ -165,7 +197,8 @@ class Request:
 
     @property
     def num_scheduled_samples(self) -> int:
-        return self.num_output_tokens + self.pending_samples
+        book = self._book
+        return self._outputs + self._pending if book is None else book.counters.item(self.slot, SCHEDULED)
 
     @property
     def wants_more_samples(self) -> bool:
@@ -190,10 +223,10 @@ class Request:
             self._times.append(now_s)
             return
         slot = self.slot
-        n = book.outputs[slot]
+        n = book.counters.item(slot, OUTPUTS)
         book.tokens[slot, self.prompt_len + n] = token
         book.times[slot, n] = now_s
-        book.outputs[slot] = n + 1
+        book.counters[slot, SCHEDULED:OUTPUTS + 1] += 1  # received, and scheduled: as many still in flight
 
     def admit(self, slot: int, seq: int, cached_tokens: int = 0, now_s: float | None = None,
               book: SlotProgress | None = None) -> None:
@@ -218,29 +251,19 @@ class Request:
 
     def _into(self, book: SlotProgress, slot: int) -> None:
         """Move the progress into ``slot``'s row of ``book``."""
-        assert book.holder[slot] is None, f"slot {slot} is held by {book.holder[slot].request_id}"
-        out, most = self._outputs, max(self.max_new_tokens, self._outputs)
-        n = self.prompt_len + out
-        book.fit(self.prompt_len + most, most)
-        book.tokens[slot, :n] = self._tokens[:n]
-        book.times[slot, :out] = self._times
-        book.computed[slot], book.target[slot], book.pending[slot] = self._computed, self._target, self._pending
-        book.outputs[slot], book.max_new[slot], book.prompt_len[slot] = out, self.max_new_tokens, self.prompt_len
-        book.live[slot] = self.status is Status.RUNNING
-        book.holder[slot] = self
-        book.tenure[slot] += 1
+        n = self.prompt_len + self._outputs
+        book.take(slot, self, (self._computed, self._target, self._outputs + self._pending, self._outputs,
+                               self.max_new_tokens, self.prompt_len), self._tokens[:n], self._times,
+                  self.status is Status.RUNNING)
         self._book = book
 
     def _out_of(self, book: SlotProgress, slot: int) -> None:
         """Take the progress back from ``slot``'s row of ``book``."""
         assert book.holder[slot] is self
-        out, p = int(book.outputs[slot]), self.prompt_len
-        self._tokens[p:p + out] = book.tokens[slot, p:p + out]
-        self._times = book.times[slot, :out].tolist()
-        self._computed, self._target = int(book.computed[slot]), int(book.target[slot])
-        self._pending, self._outputs = int(book.pending[slot]), out
-        book.live[slot] = False
-        book.holder[slot] = None
+        c, outputs, self._times = book.give_back(slot)
+        self._tokens[self.prompt_len:self.prompt_len + len(outputs)] = outputs
+        self._computed, self._target = c[COMPUTED], c[TARGET]
+        self._pending, self._outputs = c[SCHEDULED] - c[OUTPUTS], c[OUTPUTS]
         self._book = None
 
     def preempt(self) -> None:
@@ -259,5 +282,5 @@ class Request:
         """Terminal status; the strategy releases the slot (static keeps it until its batch ends)."""
         self.status = status
         self.finish_reason = reason
-        if self._book is not None:
-            self._book.live[self.slot] = False
+        if self._book is not None:  # static keeps a finished request's slot: no longer running in it
+            self._book.key[self.slot] &= ~1

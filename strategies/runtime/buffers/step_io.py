@@ -36,10 +36,9 @@ class StepIO:
         # [R, 2] per request: its token (beam 0's for a beam request), finish code (device → host)
         self.out = Mirrored(memory, (max_batch, 2), torch.int64)
         self.rows: list[Request] = []  # the request of each output, in order (host only)
-        # [R] the tenure of each output's slot when the step was prepared (host only; the strategy's, set at
-        # launch from its per-slot progress book): postprocess hands a token out in the book only to the
-        # tenure that asked for it
-        self.tenures = np.zeros(max_batch, dtype=np.int64)
+        # [R] the key of each output's slot when the step was prepared (host only; set at launch from the
+        # strategy's progress book, whose ``hand_out`` gives a token there only to the tenure that asked for it)
+        self.keys = np.zeros(max_batch, dtype=np.int64)
         self.num_rows = 0  # len(rows): what the device needs of them
         self.num_admit = 0
         self.num_single = 0  # leading outputs of one sampled row each; beam groups follow
@@ -48,12 +47,17 @@ class StepIO:
         self.use_filters = False
         self.any_random = False
 
-    def fill(self, order: list[Request], admitted: list[Request], eos_token_id: int) -> None:
-        """``order``: the requests in output order (``ScheduledBatch.sampled_requests``)."""
+    def fill(self, order: list[Request], admitted: list[Request], eos_token_id: int,
+             gen_slots: np.ndarray | None = None) -> None:
+        """``order``: the requests in output order (``ScheduledBatch.sampled_requests``); ``gen_slots [G]``:
+        where the scheduler holds them as an array (``ScheduledBatch.gen_slots``, no beams), the slots of the
+        generation requests that end ``order``."""
         self.rows = order
         self.num_rows = n = len(order)
         slots = self.slots.np
-        slots[:n] = [r.slot for r in order]
+        k = n - (0 if gen_slots is None else len(gen_slots))
+        slots[:k] = [r.slot for r in order[:k]]
+        slots[k:n] = gen_slots if gen_slots is not None else ()
         self.num_admit = len(admitted)
         ints, floats, modes = self.admit.np, self.admit_f.np, self.slot_modes
         for i, r in enumerate(admitted):
