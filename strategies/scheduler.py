@@ -119,8 +119,9 @@ class IterationScheduler:
             counters[slots, SCHEDULED] += 1
             rows, batch.gen_positions = picked.tolist(), positions.tolist()
             prefills = [running[i] for i in np.flatnonzero(~decoding).tolist()]
-        else:
-            rows, slot_list, positions, new_block, prefills = [], [], [], [], []
+            batch.gen_slots = slots
+        else:  # (the buffers read the few rows' slots from their requests)
+            rows, picked, positions, new_block, prefills = [], [], [], [], []
             for i, r in enumerate(running):
                 slot = r.slot
                 computed, target, scheduled, _, most, _ = counters[slot].tolist()
@@ -130,18 +131,17 @@ class IterationScheduler:
                     if computed >= held.item(slot) * tpb:
                         new_block.append(len(rows))
                     rows.append(i)
-                    slot_list.append(slot)
+                    picked.append((slot, scheduled))
                     positions.append(computed)
             if not self.guaranteed and len(new_block) > kv.free_blocks:
                 return None
-            for slot, position in zip(slot_list, positions, strict=True):
+            for (slot, scheduled), position in zip(picked, positions, strict=True):
                 counters[slot, COMPUTED] = position + 1
-                counters[slot, SCHEDULED] += 1
-            slots, batch.gen_positions = np.array(slot_list, np.int64), positions
+                counters[slot, SCHEDULED] = scheduled + 1
+            slots, batch.gen_positions = [slot for slot, _ in picked], positions
         for i in new_block:
             kv.grow(int(slots[i]), batch.gen_positions[i] + 1)
         batch.gen_requests = [running[i] for i in rows]
-        batch.gen_slots = slots
         return prefills, budget - len(rows)
 
     def _decode_loop(self, batch: ScheduledBatch, running: list[Request], budget: int,
