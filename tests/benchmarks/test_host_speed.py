@@ -54,7 +54,7 @@ def test_70b_run(benchmark, tmp_path):
     shapes = len(it[["num_tokens", "num_samples", "num_encoder_tokens"]].drop_duplicates())
     print(f"\n70B / TP4 / H200, 10,000 requests, whole command: {seconds:.2f} s (goal 8 s); host "
           f"{host_ms:.3f} ms per iteration (goal 0.3); {len(it):,} steps priced from {shapes:,} distinct shapes")
-    assert seconds <= 14.0 and host_ms <= 0.4
+    assert seconds <= 14.0 and host_ms <= 0.36  # 0.28-0.30 with the progress book, 0.40-0.44 before it
     assert shapes < len(it) / 2  # the cost model's shape cache pays
 
 
