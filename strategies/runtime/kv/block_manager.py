@@ -178,21 +178,19 @@ class BlockManager:
             self._free.extend(blocks)
             for b in blocks:
                 self._ref[b] = 0
-            self.held_blocks[slot] = self._hashed[slot] = 0
-            self._shared[slot] = 0
-            return
-        for beam in range(self._width[slot] - 1, 0, -1):  # beams' own blocks: never cached
-            self._free.extend(int(b) for b in self.tables[slot, beam, shared:held])
-            for i in range(shared, held):
-                self._ref[int(self.tables[slot, beam, i])] = 0
-        for i in range(held - 1, -1, -1):
-            b = int(self.table[slot, i])
-            self._ref[b] -= 1
-            if self._ref[b] == 0:
-                if b in self._hash_of:
-                    self._evictable[b] = None
-                else:
-                    self._free.append(b)
+        else:
+            for beam in range(self._width[slot] - 1, 0, -1):  # beams' own blocks: never cached
+                self._free.extend(int(b) for b in self.tables[slot, beam, shared:held])
+                for i in range(shared, held):
+                    self._ref[int(self.tables[slot, beam, i])] = 0
+            for i in range(held - 1, -1, -1):
+                b = int(self.table[slot, i])
+                self._ref[b] -= 1
+                if self._ref[b] == 0:
+                    if b in self._hash_of:
+                        self._evictable[b] = None
+                    else:
+                        self._free.append(b)
         self.held_blocks[slot] = self._hashed[slot] = 0
         self._width[slot], self._shared[slot] = 1, 0
 
