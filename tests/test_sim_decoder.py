@@ -79,3 +79,28 @@ def test_beam_requests_return_their_sequences():
     done = run("inflight", requests(6, 20, ignore_eos=True, beam_width=3, num_return_sequences=2), max_beam=3)
     for r in done.values():
         assert r.beams is not None and len(r.beams) == 2 and all(len(t) == 20 for t, _ in r.beams)
+
+
+def _splitmix_token(seed: int, step: int, vocab: int) -> int:
+    """The rule sim/decoder.py documents, in Python integers: one splitmix64-style round over (seed, step)."""
+    m = (1 << 64) - 1
+    x = (seed * 0x9E3779B97F4A7C15 + step) & m
+    x ^= x >> 30
+    x = (x * 0xBF58476D1CE4E5B9) & m
+    x ^= x >> 31
+    return x % vocab
+
+
+def test_each_token_is_the_documented_mix_of_seed_and_step():
+    """Checked against the rule computed independently (Python integers, no numpy), through every strategy:
+    token k of a request with seed s is mix(s, k); a stop id or EOS ends it there, else its length does."""
+    stopped = 0
+    for strategy in ("static", "inflight", "overlap"):
+        for r in run(strategy, requests(20, 40, stop_token_ids=(5,)), max_batch=8).values():
+            seed, tokens = r.sampling.seed, r.output_token_ids
+            assert tokens == [_splitmix_token(seed, k, SIM_VOCAB) for k in range(len(tokens))], (strategy, r.request_id)
+            end = next((k + 1 for k, t in enumerate(tokens) if t in (5, EOS)), 40)
+            assert len(tokens) == end
+            assert r.finish_reason == ("stop" if tokens[-1] in (5, EOS) else "length")
+            stopped += r.finish_reason == "stop"
+    assert stopped >= 3  # 1 - (1 - 2/512)^40 = 0.145 of 60 requests is ~9
