@@ -17,6 +17,9 @@ FILL_POINTS = 2000  # buffer fill: past this many iterations, the mean of each b
 # Requests take these colours in turn (a slot's successive requests differ); phases differ by pattern
 REQUEST_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
                   "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94"]
+# The same colours as a stepped colour scale: each bar's colour is its number, so plotly checks one numeric
+# array instead of a colour string per bar (8,600 bars of the 70B run's window took 0.4 s to check)
+_REQUEST_SCALE = [[(i + edge) / len(REQUEST_COLORS), c] for i, c in enumerate(REQUEST_COLORS) for edge in (0, 1)]
 
 
 def _strategies_with(run: RunData, frames: dict[str, pd.DataFrame]) -> list[str]:
@@ -41,7 +44,7 @@ def slot_occupancy(run: RunData) -> go.Figure:
     shown: set[str] = set()
     for row, (_, t, (a, b)) in enumerate(panels, start=1):
         t = t[(t["end_iteration"] >= a) & (t["start_iteration"] < b) & (t["end_iteration"] >= t["start_iteration"])]
-        color = np.array(REQUEST_COLORS)[np.arange(len(t)) % len(REQUEST_COLORS)]  # tenures in admission order
+        color = np.arange(len(t)) % len(REQUEST_COLORS) + 0.5  # [N] tenures in admission order: a step's middle
         decode_from = t["decode_iteration"].where(t["decode_iteration"] >= 0, t["end_iteration"] + 1)
         prefill_end = np.minimum(decode_from - 1, t["end_iteration"])
         beam = t["width"] > 1
@@ -56,7 +59,9 @@ def slot_occupancy(run: RunData) -> go.Figure:
             d = t[keep]
             fig.add_trace(go.Bar(y=d["slot"], x=(hi - lo + 1)[keep], base=lo[keep] - 0.5, orientation="h",
                                  name=name, legendgroup=name, showlegend=name not in shown,
-                                 marker={"color": color[keep], "pattern": {"shape": pattern}, "line": {"width": 0}},
+                                 marker={"color": color[keep], "colorscale": _REQUEST_SCALE, "cmin": 0,
+                                         "cmax": len(REQUEST_COLORS), "pattern": {"shape": pattern},
+                                         "line": {"width": 0}},
                                  customdata=np.stack([d["request_id"].astype(str), d["width"], lo[keep], hi[keep]],
                                                      axis=1),
                                  hovertemplate=f"{name}: request %{{customdata[0]}} (beams %{{customdata[1]}})<br>"
