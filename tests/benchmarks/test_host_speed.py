@@ -6,6 +6,7 @@ so the test command leaves these out: ``python -m pytest -m speed -s tests/bench
 prints each figure; the bounds are the figures measured when the work landed plus headroom, to catch a
 regression, not the issue's goals (the README's "Simulated device" section gives both)."""
 
+import os
 import subprocess
 import sys
 import time
@@ -24,12 +25,16 @@ RUN_70B = ["--device", "sim", "--gpu", "h200", "--model-spec", "llama-3-70b", "-
 
 
 def _best_run(args: list[str], out: Path) -> tuple[float, pd.DataFrame]:
-    """The fastest of ``ROUNDS`` whole commands (seconds), and that run's summary."""
+    """The fastest of ``ROUNDS`` whole commands (seconds), and that run's summary. Python caches the
+    compiled modules as a user's installation does (an environment that turns the cache off, as CI images
+    do with PYTHONDONTWRITEBYTECODE, recompiles ~100 of slotbench's modules every command: ~0.15 s)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     best, summary = float("inf"), None
     for i in range(ROUNDS):
         d = out / f"r{i}"
         t = time.perf_counter()
-        p = subprocess.run([*SLOTBENCH, "run", *args, "--out", str(d)], capture_output=True, text=True, timeout=600)
+        p = subprocess.run([*SLOTBENCH, "run", *args, "--out", str(d)], capture_output=True, text=True, timeout=600,
+                           env=env)
         took = time.perf_counter() - t
         assert p.returncode == 0, p.stderr[-2000:]
         if took < best:
@@ -60,8 +65,15 @@ def test_70b_run(benchmark, tmp_path):
 
 @pytest.mark.speed
 def test_cpu_default_run_host_time(benchmark, tmp_path):
+    """Beside the CPU device's figure, the same host code over the same requests on the simulated device
+    (host time measured there too): there the phases follow one another within microseconds, on the CPU
+    device each follows a 10-20 ms wait for the step, after which the host's code and data are no longer
+    in the core's caches (the README's "Host speed" has the measurements)."""
     benchmark(lambda: None)
-    _, summary = _best_run(["--strategies", "inflight"], tmp_path)
+    _, summary = _best_run(["--strategies", "inflight"], tmp_path / "cpu")
     host_ms = float(summary["host_ms_per_iteration"].iloc[0])
-    print(f"\nCPU device, default run: inflight host {host_ms:.3f} ms per iteration (goal 0.15)")
-    assert host_ms <= 0.6
+    _, sim = _best_run(["--strategies", "inflight", "--device", "sim"], tmp_path / "sim")
+    sim_ms = float(sim["host_ms_per_iteration"].iloc[0])
+    print(f"\nCPU device, default run: inflight host {host_ms:.3f} ms per iteration (goal 0.15); the same "
+          f"host code and requests between simulated steps: {sim_ms:.3f} ms")
+    assert host_ms <= 0.6 and sim_ms <= 0.35
