@@ -4,6 +4,8 @@ free list at each schedule, the generation rows the scheduler packed, each reque
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -111,6 +113,32 @@ def test_slot_figure_windows_long_runs_and_keeps_every_tenure_in_view(runs, monk
         if tr.type == "bar" and tr.xaxis == "x2":
             assert (np.asarray(tr.base) >= a - 0.5).all() and (np.asarray(tr.base) + np.asarray(tr.x)
                                                                <= a + n // 4 + 0.5).all()
+
+
+def test_slot_figure_draws_each_tenure_in_one_of_the_request_colours(runs):
+    """Colours are numbers on a colour scale (one array for plotly to check): each bar's number falls inside
+    one colour's flat step of the scale, so the browser draws exactly that colour, never a blend, and a
+    slot's successive tenures differ."""
+    run = runs["preempting"]
+    fig = buffers.slot_occupancy(run)
+    bars = [tr for tr in fig.data if tr.type == "bar"]
+    scale = [(float(x), c) for x, c in bars[0].marker.colorscale]
+    lo, hi = bars[0].marker.cmin, bars[0].marker.cmax
+
+    def drawn(v: float) -> str:  # plotly.js interpolates linearly between the scale's neighbouring points
+        x = (v - lo) / (hi - lo)
+        (_, c0), (_, c1) = next((a, b) for a, b in itertools.pairwise(scale) if a[0] <= x <= b[0])
+        assert c0 == c1, f"colour {v} blends {c0} and {c1}"
+        return c0
+
+    colours = {drawn(v) for tr in bars for v in tr.marker.color}
+    assert colours == set(buffers.REQUEST_COLORS)  # the run has more tenures than colours
+    decode = [tr for tr in bars if tr.name == "decode" and tr.xaxis == "x2"]
+    by_slot = pd.DataFrame({"slot": np.concatenate([tr.y for tr in decode]),
+                            "base": np.concatenate([tr.base for tr in decode]),
+                            "colour": [drawn(v) for tr in decode for v in tr.marker.color]}).sort_values("base")
+    for _, g in by_slot.groupby("slot"):
+        assert (g["colour"].to_numpy()[1:] != g["colour"].to_numpy()[:-1]).all()
 
 
 def test_buffer_fill_averages_long_runs_and_says_so(runs, monkeypatch):
