@@ -27,8 +27,8 @@ RUN_70B = ["--device", "sim", "--gpu", "h200", "--model-spec", "llama-3-70b", "-
 
 def _best_run(args: list[str], out: Path) -> tuple[float, pd.DataFrame]:
     """The fastest of ``ROUNDS`` whole commands (seconds), and that run's summary. Python caches the
-    compiled modules as a user's installation does (an environment that turns the cache off, as CI images
-    do with PYTHONDONTWRITEBYTECODE, recompiles ~100 of slotbench's modules every command: ~0.15 s)."""
+    compiled modules as a user's installation does (with PYTHONDONTWRITEBYTECODE set, as in this machine's
+    environment, every command compiles ~100 of slotbench's modules again: ~0.15 s)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     best, summary = float("inf"), None
     for i in range(ROUNDS):
