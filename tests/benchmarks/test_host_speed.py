@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -86,8 +87,6 @@ def test_host_ops_after_a_wait(benchmark):
     operations of the kind a step's postprocess runs (a 29-row hand-out's first ones), timed back to back
     and after 12 ms of other work — a Python loop in the same thread, no device and no other process
     involved — as a host's phases follow the wait for a step."""
-    import numpy as np
-
     benchmark(lambda: None)
     out, key = np.zeros((29, 2), np.int64), np.arange(64, dtype=np.int64)
     slots = np.arange(29)
