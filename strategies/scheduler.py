@@ -230,12 +230,13 @@ class IterationScheduler:
 
     @staticmethod
     def _add(batch: ScheduledBatch, r: Request, n: int) -> int:
-        if r.is_prefilling:
-            samples = r.num_computed_tokens + n == r.context_target
-            batch.context.append(ContextChunk(r, r.num_computed_tokens, n, samples))
+        computed, target = r.num_computed_tokens, r.context_target  # (each a read of the progress book)
+        if computed < target:
+            samples = computed + n == target
+            batch.context.append(ContextChunk(r, computed, n, samples))
         else:
             samples = True
-            batch.add_generation(r, r.num_computed_tokens)
-        r.num_computed_tokens += n
+            batch.add_generation(r, computed)
+        r.num_computed_tokens = computed + n
         r.pending_samples += samples
         return n

@@ -106,6 +106,8 @@ class BlockManager:
         """Free blocks an admission consumes: the new ones (each beam's own too, for a beam request ``r``),
         and the hits that sat in the LRU pool."""
         width, prompt_len = (r.width, r.prompt_len) if r is not None else (1, 0)
+        if not hits and width == 1:  # most admissions
+            return -(-reserve_tokens // self.tokens_per_block)
         extra = beam_blocks(reserve_tokens, self.tokens_per_block, width, prompt_len, len(hits))
         return extra + sum(1 for b in hits if b in self._evictable)
 
@@ -113,15 +115,16 @@ class BlockManager:
     def admit(self, slot: int, hits: list[int], reserve_tokens: int, width: int = 1, prompt_len: int = 0) -> None:
         """Give an empty slot its cached prefix blocks, then grow it to ``reserve_tokens``; a beam request
         (``width`` > 1) shares the full blocks of its ``prompt_len`` prompt among its beams."""
-        if self.held_blocks[slot]:
+        if self.held_blocks.item(slot):
             raise RuntimeError(f"slot {slot} still holds {self.held_blocks[slot]} blocks")
         if width > self.tables.shape[1]:
             raise RuntimeError(f"beam width {width} exceeds the tables' {self.tables.shape[1]} rows")
-        for b in hits:
-            self._take(b)
+        if hits:  # (an array write even of nothing costs a microsecond; most admissions have no hits)
+            for b in hits:
+                self._take(b)
+            self.tables[slot, :width, :len(hits)] = hits
         self._width[slot] = width
         self._shared[slot] = prompt_len // self.tokens_per_block if width > 1 else 0
-        self.tables[slot, :width, :len(hits)] = hits
         self.held_blocks[slot] = self._hashed[slot] = len(hits)
         self.grow(slot, reserve_tokens)
 
@@ -134,21 +137,23 @@ class BlockManager:
         return self.extra_blocks(slot, num_tokens) <= self.free_blocks
 
     def grow(self, slot: int, num_tokens: int) -> None:
-        n, need = int(self.held_blocks[slot]), self.blocks_for(num_tokens)
+        n, need = self.held_blocks.item(slot), -(-num_tokens // self.tokens_per_block)
         if need <= n:  # every beam already holds the blocks (the common decode step)
             return
-        extra = self.extra_blocks(slot, num_tokens)
-        if extra > self.free_blocks:
+        width = self._width[slot]
+        extra = need - n if width == 1 else self.extra_blocks(slot, num_tokens)
+        if extra > len(self._free) + len(self._evictable):
             raise RuntimeError(f"KV cache: slot {slot} needs {extra} more blocks, {self.free_blocks} free")
         if need > self.table.shape[1]:
             raise RuntimeError(f"KV cache: slot {slot} would hold {need} blocks, a row has {self.table.shape[1]}")
-        rows, shared = self.tables[slot], self._shared[slot]  # [Kb, MB]
-        rows[0, n:need] = self._allocate(need - n)
-        own = min(max(n, shared), need)  # beams > 0 list the shared prompt blocks, then hold their own
-        for b in range(1, self._width[slot]):
-            rows[b, n:own] = rows[0, n:own]
-            if need > own:
-                rows[b, own:need] = self._allocate(need - own)
+        self.table[slot, n:need] = self._allocate(need - n)
+        if width > 1:
+            rows, shared = self.tables[slot], self._shared[slot]  # [Kb, MB]
+            own = min(max(n, shared), need)  # beams > 0 list the shared prompt blocks, then hold their own
+            for b in range(1, width):
+                rows[b, n:own] = rows[0, n:own]
+                if need > own:
+                    rows[b, own:need] = self._allocate(need - own)
         self.held_blocks[slot] = need
 
     def commit(self, slot: int, r: Request) -> None:
