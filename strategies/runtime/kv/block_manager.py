@@ -84,10 +84,15 @@ class BlockManager:
     # --- prefix cache ----------------------------------------------------------------------------
     def block_hashes(self, r: Request, n: int) -> list[int]:
         """The first ``n`` chained block hashes of ``r``'s known tokens, kept on the request."""
-        tpb, hashes, tokens = self.tokens_per_block, r.block_hashes, r.token_ids
-        while len(hashes) < n:
-            b = len(hashes)
-            hashes.append(hash((hashes[-1] if b else 0, tokens[b * tpb:(b + 1) * tpb].tobytes())))
+        tpb, hashes = self.tokens_per_block, r.block_hashes
+        b = len(hashes)
+        if b < n:  # the new blocks' bytes in one read, then sliced per block (a numpy view each cost more)
+            tokens = r.token_ids
+            size = tpb * tokens.itemsize
+            data, h = tokens[b * tpb:n * tpb].tobytes(), hashes[-1] if b else 0
+            for i in range(0, (n - b) * size, size):
+                h = hash((h, data[i:i + size]))
+                hashes.append(h)
         return hashes
 
     def prefix_hit(self, r: Request) -> list[int]:
@@ -120,8 +125,11 @@ class BlockManager:
         if width > self.tables.shape[1]:
             raise RuntimeError(f"beam width {width} exceeds the tables' {self.tables.shape[1]} rows")
         if hits:  # (an array write even of nothing costs a microsecond; most admissions have no hits)
+            ref = self._ref
             for b in hits:
-                self._take(b)
+                if ref[b] == 0:  # it sat in the LRU pool
+                    del self._evictable[b]
+                ref[b] += 1
             self.tables[slot, :width, :len(hits)] = hits
         self._width[slot] = width
         self._shared[slot] = prompt_len // self.tokens_per_block if width > 1 else 0
@@ -166,12 +174,11 @@ class BlockManager:
         full = min(r.num_computed_tokens, known) // self.tokens_per_block
         if full <= self._hashed[slot]:
             return
-        hashes = self.block_hashes(r, full)
-        for i in range(self._hashed[slot], full):
-            block = int(self.table[slot, i])
-            if hashes[i] not in self._by_hash and block not in self._hash_of:
-                self._by_hash[hashes[i]] = block
-                self._hash_of[block] = hashes[i]
+        hashes, first = self.block_hashes(r, full), self._hashed[slot]
+        for h, block in zip(hashes[first:full], self.table[slot, first:full].tolist(), strict=True):
+            if h not in self._by_hash and block not in self._hash_of:
+                self._by_hash[h] = block
+                self._hash_of[block] = h
         self._hashed[slot] = full
 
     def release(self, slot: int, r: Request) -> None:
@@ -184,14 +191,15 @@ class BlockManager:
             for b in blocks:
                 self._ref[b] = 0
         else:
+            ref = self._ref
             for beam in range(self._width[slot] - 1, 0, -1):  # beams' own blocks: never cached
-                self._free.extend(int(b) for b in self.tables[slot, beam, shared:held])
-                for i in range(shared, held):
-                    self._ref[int(self.tables[slot, beam, i])] = 0
-            for i in range(held - 1, -1, -1):
-                b = int(self.table[slot, i])
-                self._ref[b] -= 1
-                if self._ref[b] == 0:
+                own = self.tables[slot, beam, shared:held].tolist()
+                self._free.extend(own)
+                for b in own:
+                    ref[b] = 0
+            for b in self.table[slot, :held][::-1].tolist():  # tail blocks first
+                ref[b] -= 1
+                if ref[b] == 0:
                     if b in self._hash_of:
                         self._evictable[b] = None
                     else:
@@ -210,11 +218,6 @@ class BlockManager:
             if self._ref[b] == 0:
                 self._free.append(b)
         self.held_blocks[slot] = min(keep, held)
-
-    def _take(self, block: int) -> None:
-        if self._ref[block] == 0:
-            del self._evictable[block]
-        self._ref[block] += 1
 
     def _allocate(self, count: int) -> list[int]:
         """``count`` blocks, never-cached ones first, then the least recently released cached ones."""
