@@ -32,20 +32,34 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
     lanes = {w: DEVICE_TID + 1 + stages + i for i, w in enumerate(workers)}  # a fleet: a device lane per engine
     events += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": f"device {w}"}}
                for w, tid in lanes.items()]
-    for rec in iterations.itertuples(index=False):
-        for s in range(len(rec.stage_start_s) if stages else 0):  # none for a step never waited for
-            start, end = rec.stage_start_s[s], rec.stage_end_s[s]
-            events.append({"name": f"stage {s}", "cat": "device", "ph": "X", "ts": round(start * 1e6, 3),
-                           "dur": round(max(end - start, 0.0) * 1e6, 3), "pid": pid, "tid": DEVICE_TID + 1 + s,
-                           "args": {"iteration": int(rec.iteration), "micro_batch": int(rec.micro_batch)}})
-        for phases, tid in ((HOST_PHASES, HOST_TID), (DEVICE_PHASES, DEVICE_TID)):
-            for phase in phases:
-                start, end = getattr(rec, f"{phase}_start_s"), getattr(rec, f"{phase}_end_s")
-                if math.isnan(start) or math.isnan(end):
-                    continue
-                lane = lanes.get(rec.worker, tid) if tid == DEVICE_TID and lanes else tid
-                events.append({"name": phase, "cat": "host" if tid == HOST_TID else "device", "ph": "X",
-                               "ts": round(start * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3),
-                               "pid": pid, "tid": lane, "args": {"iteration": int(rec.iteration),
-                                                                 "tokens": int(rec.num_tokens)}})
+    # Columns as lists, read by row index: a namedtuple per row and getattr per phase took most of the time
+    # (0.27 s for the 70B run's 10,414 iterations). A phase no row ran (draft, encode) is left out whole.
+    lanes_of_phases = []  # (phase, category, lane, starts, ends)
+    for phases, tid in ((HOST_PHASES, HOST_TID), (DEVICE_PHASES, DEVICE_TID)):
+        for phase in phases:
+            starts, ends = iterations[f"{phase}_start_s"], iterations[f"{phase}_end_s"]
+            if starts.notna().any():
+                lanes_of_phases.append((phase, "host" if tid == HOST_TID else "device", tid, starts.tolist(),
+                                        ends.tolist()))
+    numbers, tokens = iterations["iteration"].tolist(), iterations["num_tokens"].tolist()
+    on_worker = iterations["worker"].tolist() if lanes else None
+    stage_starts = iterations["stage_start_s"].tolist() if stages else None
+    stage_ends = iterations["stage_end_s"].tolist() if stages else None
+    micro_batches = iterations["micro_batch"].tolist() if stages else None
+    for i in range(len(numbers)):
+        iteration = int(numbers[i])
+        if stages:
+            # (none for a step never waited for)
+            for s, (start, end) in enumerate(zip(stage_starts[i], stage_ends[i], strict=True)):
+                events.append({"name": f"stage {s}", "cat": "device", "ph": "X", "ts": round(start * 1e6, 3),
+                               "dur": round(max(end - start, 0.0) * 1e6, 3), "pid": pid, "tid": DEVICE_TID + 1 + s,
+                               "args": {"iteration": iteration, "micro_batch": int(micro_batches[i])}})
+        for phase, category, tid, starts, ends in lanes_of_phases:
+            start, end = starts[i], ends[i]
+            if math.isnan(start) or math.isnan(end):
+                continue
+            lane = lanes.get(on_worker[i], tid) if tid == DEVICE_TID and lanes else tid
+            events.append({"name": phase, "cat": category, "ph": "X",
+                           "ts": round(start * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3),
+                           "pid": pid, "tid": lane, "args": {"iteration": iteration, "tokens": int(tokens[i])}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
