@@ -44,6 +44,7 @@ from harness.output.strategy_dir import write_strategy
 from harness.runner import StrategyRun, build_requests, run_strategy
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
+from reports.run_data import StrategyFrames
 from strategies.config import ExecutorConfig
 from strategies.runtime.engine import script_model
 from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
@@ -234,6 +235,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     staging.chmod(0o755)
     runs: list[StrategyRun] = []
     rows: list[dict] = []
+    frames: dict[str, StrategyFrames] = {}  # what was written, for the report
     notes: list[str] = []
     try:
         for name in opts.strategies:
@@ -248,7 +250,8 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
                                profile_iters=opts.profile_range())
             bar.close()
             runs.append(run)
-            rows.append(write_strategy(staging, run, opts))
+            row, frames[name] = write_strategy(staging, run, opts)
+            rows.append(row)
             note = rejection_note(name, run.requests)
             if note:
                 notes.append(note)
@@ -264,7 +267,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
             from reports.html import write_report
 
             try:  # the measurements matter more than the page: never lose them to a report failure
-                write_report([staging], staging / "report.html", names=[out.name])
+                write_report([staging], staging / "report.html", names=[out.name], frames=frames)
             except Exception as exc:
                 log(f"error: report not written: {type(exc).__name__}: {exc}")
         _swap_into_place(staging, out)

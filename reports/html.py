@@ -16,7 +16,7 @@ from reports import buffers, figures
 from reports.capacity import capacity_pareto
 from reports.load import load_capacity, load_runs
 from reports.repeats import repeat_table
-from reports.run_data import RunData
+from reports.run_data import RunData, StrategyFrames
 from reports.speculation import speculation
 from reports.tables import overlap_table, ratio_table, summary_table, to_html_table
 
@@ -100,9 +100,10 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
 
 
 def write_report(paths: list[Path], out: Path, names: list[str] | None = None, baseline: str | None = None,
-                 title: str = "slotbench report") -> Path:
-    """Render the run (or suite) directories in ``paths`` into ``out``, written atomically."""
-    text = render(load_runs(paths, names), baseline, title, load_capacity(paths))
+                 title: str = "slotbench report", frames: dict[str, StrategyFrames] | None = None) -> Path:
+    """Render the run (or suite) directories in ``paths`` into ``out``, written atomically; ``frames``: a
+    single run's strategies as the run that wrote them holds them (not read back from their files)."""
+    text = render(load_runs(paths, names, frames), baseline, title, load_capacity(paths))
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
     with os.fdopen(fd, "w", encoding="utf-8") as f:

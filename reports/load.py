@@ -8,6 +8,7 @@ parameters. A ``.json`` file is a ``vllm bench serve --save-result`` file (``rep
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -15,11 +16,13 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from reports.run_data import RunData
+from reports.run_data import RunData, StrategyFrames
 from reports.vllm_result import is_vllm_result, load_vllm_result
 
 
-def load_run(path: Path, name: str | None = None) -> RunData:
+def load_run(path: Path, name: str | None = None, frames: dict[str, StrategyFrames] | None = None) -> RunData:
+    """A run directory; a strategy in ``frames`` is taken from them instead of its files (the run that
+    wrote them renders its report from what it holds)."""
     if not (path / "summary.csv").is_file():
         raise ValueError(f"{path}: not a run directory (no summary.csv)")
     meta = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
@@ -29,28 +32,41 @@ def load_run(path: Path, name: str | None = None) -> RunData:
         d = path / str(strategy)
         if not d.is_dir():
             continue
-        data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
-        data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
-        if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
-            data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
+        held = (frames or {}).get(strategy)
+        if held is not None:
+            data.requests[strategy], data.iterations[strategy] = held.requests, held.iterations
+            data.slots[strategy] = held.slots
+            ids, times = list(held.token_times), list(held.token_times.values())
+        else:
+            data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
+            data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
+            if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
+                data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
+            with open(d / "tokens.jsonl", "rb") as f:
+                lines = [orjson.loads(line) for line in f]
+            ids, times = [obj["request_id"] for obj in lines], [obj["times_s"] for obj in lines]
         if (d / "slices.csv").is_file():  # written with --slice-duration
             data.slices[strategy] = pd.read_csv(d / "slices.csv")
-        gaps, times = [], []
         finished = set(data.requests[strategy].query("status == 'finished'")["request_id"])
-        with open(d / "tokens.jsonl", "rb") as f:
-            for line in f:
-                obj = orjson.loads(line)
-                t = np.asarray(obj["times_s"], dtype=np.float64)
-                times.append(t)
-                if obj["request_id"] in finished and len(t) > 1:
-                    gaps.append(np.diff(t) * 1e3)
-        data.itl_ms[strategy] = np.concatenate(gaps) if gaps else np.array([])
-        data.token_times[strategy] = np.concatenate(times) if times else np.array([])
+        data.token_times[strategy], data.itl_ms[strategy] = _token_arrays(ids, times, finished)
     return data
 
 
-def load_runs(paths: list[Path], names: list[str] | None = None) -> list[RunData]:
-    """Run directories, suite directories (expanded into their runs), or vLLM result files."""
+def _token_arrays(ids: list[str], times: list[list[float]], finished: set[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Every token's time (requests in order, each's tokens in order) and the inter-token gaps (ms) of the
+    finished requests, in one pass over a flat array rather than an array per request (~0.25 s for the
+    2.5 million tokens of a 10^4-request run)."""
+    lengths = np.fromiter(map(len, times), np.int64, len(times))  # [Q]
+    flat = np.fromiter(itertools.chain.from_iterable(times), np.float64, int(lengths.sum()))  # [N]
+    keep = np.repeat(np.fromiter((rid in finished for rid in ids), bool, len(ids)), lengths)  # [N]
+    keep[np.cumsum(lengths)[lengths > 0] - lengths[lengths > 0]] = False  # [N] a request's first token: no gap
+    return flat, (np.diff(flat) * 1e3)[keep[1:]]
+
+
+def load_runs(paths: list[Path], names: list[str] | None = None,
+              frames: dict[str, StrategyFrames] | None = None) -> list[RunData]:
+    """Run directories, suite directories (expanded into their runs), or vLLM result files; ``frames``: a
+    single run's strategies as its run holds them (``load_run``)."""
     runs: list[RunData] = []
     for i, p in enumerate(paths):
         suite = p / "suite.json"
@@ -66,7 +82,7 @@ def load_runs(paths: list[Path], names: list[str] | None = None) -> list[RunData
                     "repeat", 0)
                 runs.append(run)
         else:
-            runs.append(load_run(p, names[i] if names and i < len(names) else None))
+            runs.append(load_run(p, names[i] if names and i < len(names) else None, frames))
     seen: dict[str, int] = {}
     for run in runs:  # the same directory twice, or two runs named alike: keep labels distinct
         seen[run.name] = seen.get(run.name, 0) + 1

@@ -10,6 +10,18 @@ import pandas as pd
 
 
 @dataclass
+class StrategyFrames:
+    """One strategy's records as a run that just measured them holds them: what the report would otherwise
+    read back from the files written from them (``requests.parquet``, ``iterations.parquet``,
+    ``slots.parquet``, ``tokens.jsonl``), to render a run's own report without reading them again."""
+
+    requests: pd.DataFrame  # requests.parquet's columns
+    iterations: pd.DataFrame  # iterations.parquet's columns
+    slots: pd.DataFrame  # slots.parquet's columns
+    token_times: dict[str, list[float]]  # request_id → its tokens' times (tokens.jsonl's times_s), in file order
+
+
+@dataclass
 class RunData:
     name: str  # label shown in the report
     path: Path

@@ -1,5 +1,6 @@
 """The HTML report: built from a real small run, opened in headless Chromium, escaped, bounded in size."""
 
+import itertools
 import json
 import subprocess
 import sys
@@ -111,6 +112,40 @@ def test_report_size_is_bounded_for_many_requests(tmp_path):
     assert size < 10 * 2**20, size
     write_report([out], tmp_path / "again.html")
     assert (tmp_path / "again.html").stat().st_size < 10 * 2**20
+
+
+def test_a_runs_report_from_what_it_holds_equals_the_report_from_its_files(tmp_path):
+    """A run renders its report from the frames it wrote, not read back: the page must be the one that
+    ``slotbench report`` renders from the files (every strategy, a rejected request, slices, beams off and
+    on the slot and token records)."""
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": i * 0.003, "input_tokens": 70 if i == 5 else 8 + i % 9,
+                                         "output_tokens": 5 + i % 4}) + "\n" for i in range(24)))
+    out = tmp_path / "run"
+    slotbench("run", "--model", "tiny", "--trace", str(trace), "--max-seq-len", "64", "--warmup", "0",
+              "--strategies", "inflight,overlap,static", "--slice-duration", "0.02", "--no-progress",
+              "--out", str(out))
+    assert (pd.read_parquet(out / "inflight" / "requests.parquet")["status"] == "rejected").sum() == 1
+    write_report([out], tmp_path / "again.html", names=["run"])
+    assert (out / "report.html").read_text() == (tmp_path / "again.html").read_text()
+
+
+def test_token_arrays_equal_request_by_request():
+    """The flat pass over every request's token times against the per-request arrays it replaced: empty,
+    one-token, finished and unfinished requests."""
+    from reports.load import _token_arrays
+
+    rng = np.random.default_rng(0)
+    lengths = [0, 1, 5, 0, 3, 1, 7, 2]
+    times = [np.cumsum(rng.random(n)).tolist() for n in lengths]
+    ids = [f"r{i}" for i in range(len(lengths))]
+    finished = {"r1", "r2", "r4", "r6", "r7"}
+    flat, itl = _token_arrays(ids, times, finished)
+    assert flat.tolist() == [t for ts in times for t in ts]
+    expect = [(b - a) * 1e3 for i, ts in zip(ids, times, strict=True) if i in finished
+              for a, b in itertools.pairwise(ts)]
+    assert itl.tolist() == expect and len(expect) == 4 + 2 + 6 + 1
+    assert _token_arrays([], [], set())[1].shape == (0,)
 
 
 def test_numbers_read_as_a_person_reads_them():

@@ -16,6 +16,7 @@ from harness.output.slices import slices_frame
 from harness.output.timeline import chrome_trace
 from harness.output.vllm_bench import vllm_result
 from harness.runner import StrategyRun
+from reports.run_data import StrategyFrames
 
 
 def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: dict[str, list[float]],
@@ -27,15 +28,17 @@ def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tok
     return row
 
 
-def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
-    """Write ``run``'s files into ``staging/<strategy>/``; its summary row."""
+def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> tuple[dict, StrategyFrames]:
+    """Write ``run``'s files into ``staging/<strategy>/``; its summary row, and the frames written (for the
+    run's report, which need not read them back)."""
     d = staging / run.name
     req_df = requests_frame(run.requests)
     it_df = iterations_frame(run.records)
+    slots_df = slots_frame(run.tenures)
     tokens = {r.request_id: r.token_times_s for r in run.requests}
     atomic_write_parquet(d / "requests.parquet", req_df)
     atomic_write_parquet(d / "iterations.parquet", it_df)
-    atomic_write_parquet(d / "slots.parquet", slots_frame(run.tenures))
+    atomic_write_parquet(d / "slots.parquet", slots_df)
     atomic_write_bytes(d / "tokens.jsonl", tokens_jsonl(run.requests))
     atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name), indent=None)
     if opts.slice_duration:
@@ -45,4 +48,4 @@ def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> dict:
     model = opts.model_spec if opts.device == "sim" else opts.model
     result = vllm_result(run.name, model, req_df, tokens, row, dataclasses.asdict(opts))
     atomic_write_json(d / "vllm_bench.json", result, indent=None)
-    return row
+    return row, StrategyFrames(req_df, it_df, slots_df, tokens)
