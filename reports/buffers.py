@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from reports.figures import GANTT_ITERATIONS, middle_window
 from reports.run_data import RunData
+from reports.subplots import Grid
 
 SLOT_ITERATIONS = 2000  # slot occupancy: at most this many iterations (a window from the run's middle)
 FILL_POINTS = 2000  # buffer fill: past this many iterations, the mean of each bin of iterations
@@ -39,8 +39,8 @@ def slot_occupancy(run: RunData) -> go.Figure:
             name = f"{s} {w}" if w else s
             panels.append((name if (a, b) == (0, n) else f"{name}: iterations {a}–{b - 1} of {n} (a window from "
                            "the middle)", t, (a, b)))
-    fig = make_subplots(rows=max(len(panels), 1), cols=1, subplot_titles=[p[0] for p in panels] or
-                        ["(no slot records)"], vertical_spacing=0.1 if len(panels) < 6 else 0.3 / len(panels))
+    grid = Grid(max(len(panels), 1), titles=[p[0] for p in panels] or ["(no slot records)"],
+                vertical_spacing=0.1 if len(panels) < 6 else 0.3 / len(panels))
     shown: set[str] = set()
     for row, (_, t, (a, b)) in enumerate(panels, start=1):
         t = t[(t["end_iteration"] >= a) & (t["start_iteration"] < b) & (t["end_iteration"] >= t["start_iteration"])]
@@ -59,34 +59,30 @@ def slot_occupancy(run: RunData) -> go.Figure:
             if not keep.any():
                 continue
             d = t[keep]
-            fig.add_trace(go.Bar(y=d["slot"], x=(hi - lo + 1)[keep], base=lo[keep] - 0.5, orientation="h",
-                                 name=name, legendgroup=name, showlegend=name not in shown,
-                                 marker={"color": color[keep], "colorscale": _REQUEST_SCALE, "cmin": 0,
-                                         "cmax": len(REQUEST_COLORS), "pattern": {"shape": pattern},
-                                         "line": {"width": 0}},
-                                 customdata=np.stack([d["request_id"].astype(str), d["width"], lo[keep], hi[keep]],
-                                                     axis=1),
-                                 hovertemplate=f"{name}: request %{{customdata[0]}} (beams %{{customdata[1]}})<br>"
-                                               "slot %{y}, iterations %{customdata[2]}–%{customdata[3]}"
-                                               "<extra></extra>"),
-                          row=row, col=1)
+            grid.add(go.Bar(y=d["slot"], x=(hi - lo + 1)[keep], base=lo[keep] - 0.5, orientation="h",
+                            name=name, legendgroup=name, showlegend=name not in shown,
+                            marker={"color": color[keep], "colorscale": _REQUEST_SCALE, "cmin": 0,
+                                    "cmax": len(REQUEST_COLORS), "pattern": {"shape": pattern}, "line": {"width": 0}},
+                            customdata=np.stack([d["request_id"].astype(str), d["width"], lo[keep], hi[keep]], axis=1),
+                            hovertemplate=f"{name}: request %{{customdata[0]}} (beams %{{customdata[1]}})<br>"
+                                          "slot %{y}, iterations %{customdata[2]}–%{customdata[3]}<extra></extra>"),
+                     row)
             shown.add(name)
         pre = t[t["end"] == "preempted"]
         pre = pre[(pre["end_iteration"] >= a) & (pre["end_iteration"] < b)]
         if len(pre):
-            fig.add_trace(go.Scatter(x=pre["end_iteration"] + 0.5, y=pre["slot"], mode="markers", name="preempted",
-                                     legendgroup="preempted", showlegend="preempted" not in shown,
-                                     marker={"symbol": "x", "color": "#000", "size": 9},
-                                     customdata=pre["request_id"].astype(str),
-                                     hovertemplate="request %{customdata} preempted after iteration %{x:.0f}"
-                                                   "<extra></extra>"), row=row, col=1)
+            grid.add(go.Scatter(x=pre["end_iteration"] + 0.5, y=pre["slot"], mode="markers", name="preempted",
+                                legendgroup="preempted", showlegend="preempted" not in shown,
+                                marker={"symbol": "x", "color": "#000", "size": 9},
+                                customdata=pre["request_id"].astype(str),
+                                hovertemplate="request %{customdata} preempted after iteration %{x:.0f}"
+                                              "<extra></extra>"), row)
             shown.add("preempted")
-        fig.update_yaxes(title_text="slot", autorange="reversed", row=row, col=1)
-        fig.update_xaxes(title_text="iteration", row=row, col=1)
-    fig.update_layout(title=f"Slot occupancy: which request holds each slot ({run.name}; colour: request, "
-                            "hatched: prefill, crossed: beam search, ×: preempted)",
-                      barmode="overlay", bargap=0.15, height=max(320, 300 * len(panels)))
-    return fig
+        grid.yaxis(row).update(title={"text": "slot"}, autorange="reversed")
+        grid.xaxis(row)["title"] = {"text": "iteration"}
+    return grid.figure(f"Slot occupancy: which request holds each slot ({run.name}; colour: request, hatched: "
+                       "prefill, crossed: beam search, ×: preempted)", max(320, 300 * len(panels)),
+                       barmode="overlay", bargap=0.15)
 
 
 def buffer_sets(run: RunData) -> go.Figure:
@@ -101,9 +97,9 @@ def buffer_sets(run: RunData) -> go.Figure:
         t0 = float(w["prepare_start_s"].min())
         end = np.nanmax(w[["postprocess_end_s", "sample_end_s"]].to_numpy(float))
         windows[s], span = (w, t0), max(span, (end - t0) * 1e3)
-    fig = make_subplots(rows=max(len(strategies), 1), cols=1, vertical_spacing=0.14,
-                        subplot_titles=[f"{s}: {len(windows[s][0])} steps from the middle of the run"
-                                        for s in strategies] or ["(no iterations)"])
+    grid = Grid(max(len(strategies), 1), vertical_spacing=0.14,
+                titles=[f"{s}: {len(windows[s][0])} steps from the middle of the run" for s in strategies]
+                or ["(no iterations)"])
     for row, s in enumerate(strategies, start=1):
         w, t0 = windows[s]
         sets = w["buffer_set"] if "buffer_set" in w else w["micro_batch"]
@@ -113,18 +109,17 @@ def buffer_sets(run: RunData) -> go.Figure:
                   ("device runs the step", w["forward_start_s"], w["sample_end_s"], "#1f77b4", 0.45, True))
         for name, start, end, color, width, labelled in phases:
             ok = (start.notna() & end.notna()).to_numpy()
-            fig.add_trace(go.Bar(y=np.array(lane)[ok], x=((end - start) * 1e3)[ok], base=((start - t0) * 1e3)[ok],
-                                 orientation="h", width=width, name=name, legendgroup=name, showlegend=row == 1,
-                                 marker_color=color, text=w["iteration"][ok] if labelled else None,
-                                 textposition="inside", customdata=w["iteration"][ok],
-                                 hovertemplate=f"{name}: iteration %{{customdata}}<br>%{{base:.3f}} ms +%{{x:.3f}} ms"
-                                               "<extra></extra>"), row=row, col=1)
-        fig.update_xaxes(range=[0, span * 1.02], row=row, col=1)
-        fig.update_yaxes(categoryorder="category ascending", row=row, col=1)
-    fig.update_xaxes(title_text="ms from the window's first fill", row=max(len(strategies), 1), col=1)
-    fig.update_layout(title=f"Buffer sets: which buffer set each step used, and when ({run.name}; one time scale "
-                            "for every strategy)", barmode="overlay", height=max(300, 230 * len(strategies)))
-    return fig
+            grid.add(go.Bar(y=np.array(lane)[ok], x=((end - start) * 1e3)[ok], base=((start - t0) * 1e3)[ok],
+                            orientation="h", width=width, name=name, legendgroup=name, showlegend=row == 1,
+                            marker_color=color, text=w["iteration"][ok] if labelled else None,
+                            textposition="inside", customdata=w["iteration"][ok],
+                            hovertemplate=f"{name}: iteration %{{customdata}}<br>%{{base:.3f}} ms +%{{x:.3f}} ms"
+                                          "<extra></extra>"), row)
+        grid.xaxis(row)["range"] = [0, span * 1.02]
+        grid.yaxis(row)["categoryorder"] = "category ascending"
+    grid.xaxis(max(len(strategies), 1))["title"] = {"text": "ms from the window's first fill"}
+    return grid.figure(f"Buffer sets: which buffer set each step used, and when ({run.name}; one time scale for "
+                       "every strategy)", max(300, 230 * len(strategies)), barmode="overlay")
 
 
 def _binned_iterations(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -154,7 +149,7 @@ def buffer_fill(runs: list[RunData], colors: dict[tuple[str, str], str]) -> go.F
     panels = [("Tokens in the runtime buffers", "max_num_tokens"), ("Rows in the step I/O (requests' rows)",
                                                                     "max_batch_size"),
               ("KV blocks per running request", "max_blocks_per_seq")]
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.07, subplot_titles=[p for p, _ in panels])
+    grid = Grid(3, titles=[p for p, _ in panels], shared_xaxes=True, vertical_spacing=0.07)
     multi, binned = len(runs) > 1, 1
     for run in runs:
         executor = run.meta.get("executor", {})
@@ -169,15 +164,12 @@ def buffer_fill(runs: list[RunData], colors: dict[tuple[str, str], str]) -> go.F
             for i, y in enumerate((it["num_tokens"].to_numpy(float), rows, per_slot)):
                 bx, by, k = _binned_iterations(x, y)
                 binned = max(binned, k)
-                fig.add_trace(go.Scatter(x=bx, y=by, mode="lines", name=label, legendgroup=label, showlegend=i == 0,
-                                         line={"color": colors.get((run.name, s), "#444"), "width": 1}),
-                              row=i + 1, col=1)
+                grid.add(go.Scatter(x=bx, y=by, mode="lines", name=label, legendgroup=label, showlegend=i == 0,
+                                    line={"color": colors.get((run.name, s), "#444"), "width": 1}), i + 1)
         for i, (_, key) in enumerate(panels):
             cap = _capacity(executor, key)
             if cap:
-                fig.add_hline(y=cap, line={"dash": "dash", "color": "#888", "width": 1}, row=i + 1, col=1,
-                              annotation_text=f"capacity {cap}", annotation_position="top left")
-    fig.update_xaxes(title_text="iteration", row=3, col=1)
+                grid.hline(cap, i + 1, {"dash": "dash", "color": "#888", "width": 1}, f"capacity {cap}")
+    grid.xaxis(3)["title"] = {"text": "iteration"}
     note = f" — mean of each {binned} iterations" if binned > 1 else ""
-    fig.update_layout(title=f"Buffer fill per iteration, against capacity (dashed){note}", height=720)
-    return fig
+    return grid.figure(f"Buffer fill per iteration, against capacity (dashed){note}", 720)

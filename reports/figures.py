@@ -8,9 +8,9 @@ from collections.abc import Iterator
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from reports.run_data import RunData
+from reports.subplots import Grid
 
 CDF_POINTS = 200
 TIME_BINS = 100
@@ -45,12 +45,11 @@ def _iterations(runs: list[RunData]) -> Iterator[tuple[RunData, str, pd.DataFram
                        float(np.nanmax(it["sample_end_s"].to_numpy(float))))
 
 
-def _line(fig: go.Figure, x: np.ndarray, y: np.ndarray, run: RunData, strategy: str, color: str, multi: bool,
+def _line(grid: Grid, x: np.ndarray, y: np.ndarray, run: RunData, strategy: str, color: str, multi: bool,
           row: int) -> None:
     """One strategy's line in panel ``row``; the legend names it once, in the first panel."""
-    fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
-                             legendgroup=f"{run.name}/{strategy}", showlegend=row == 1, line={"color": color}),
-                  row=row, col=1)
+    grid.add(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
+                        legendgroup=f"{run.name}/{strategy}", showlegend=row == 1, line={"color": color}), row)
 
 
 def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +63,7 @@ def _cdf(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def latency_cdfs(runs: list[RunData]) -> go.Figure:
     metrics = [("TTFT", "ttft_ms"), ("TPOT", "tpot_ms"), ("ITL", None), ("E2EL", "e2el_ms")]
-    fig = make_subplots(rows=2, cols=2, subplot_titles=[f"{m} CDF (ms)" for m, _ in metrics])
+    grid = Grid(2, 2, [f"{m} CDF (ms)" for m, _ in metrics])
     colors, multi = strategy_colors(runs), len(runs) > 1
     for run in runs:
         for strategy, req in run.requests.items():
@@ -72,12 +71,10 @@ def latency_cdfs(runs: list[RunData]) -> go.Figure:
             for i, (_, col) in enumerate(metrics):
                 values = run.itl_ms.get(strategy, np.array([])) if col is None else done[col].to_numpy(float)
                 x, y = _cdf(values)
-                fig.add_trace(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
-                                         legendgroup=f"{run.name}/{strategy}", showlegend=i == 0,
-                                         line={"color": colors[(run.name, strategy)]}),
-                              row=i // 2 + 1, col=i % 2 + 1)
-    fig.update_layout(title="Latency distributions", height=650)
-    return fig
+                grid.add(go.Scatter(x=x, y=y, mode="lines", name=_label(run, strategy, multi),
+                                    legendgroup=f"{run.name}/{strategy}", showlegend=i == 0,
+                                    line={"color": colors[(run.name, strategy)]}), i // 2 + 1, i % 2 + 1)
+    return grid.figure("Latency distributions", 650)
 
 
 def _binned(t: np.ndarray, values: np.ndarray, t_max: float, how: str) -> tuple[np.ndarray, np.ndarray]:
@@ -105,8 +102,8 @@ def over_time(runs: list[RunData]) -> go.Figure:
     if any(r.slices for r in runs):
         panels += [("Median TTFT per time slice (ms, requests ending in it)", "p50_ttft_ms"),
                    ("Requests in flight per time slice (mean)", "requests_in_flight")]
-    fig = make_subplots(rows=len(panels), cols=1, shared_xaxes=True, subplot_titles=[p for p, _ in panels],
-                        vertical_spacing=0.05 if len(panels) <= 5 else 0.035)
+    grid = Grid(len(panels), titles=[p for p, _ in panels], shared_xaxes=True,
+                vertical_spacing=0.05 if len(panels) <= 5 else 0.035)
     colors, multi = strategy_colors(runs), len(runs) > 1
     for run, strategy, it, t, t_max in _iterations(runs):
         tok = run.token_times.get(strategy, np.array([]))
@@ -121,17 +118,16 @@ def over_time(runs: list[RunData]) -> go.Figure:
                 x, y = ((sl["start_s"] + sl["end_s"]) / 2).to_numpy(float), sl[col].to_numpy(float)
             else:
                 x, y = _binned(t, series[col] if col in series else it[col].to_numpy(float), t_max, "mean")
-            _line(fig, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
-    fig.update_xaxes(title_text="run time (s)", row=len(panels), col=1)
-    fig.update_layout(title="Over time", height=220 * len(panels))
-    return fig
+            _line(grid, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
+    grid.xaxis(len(panels))["title"] = {"text": "run time (s)"}
+    return grid.figure("Over time", 220 * len(panels))
 
 
 def kv_cache(runs: list[RunData]) -> go.Figure:
     """Blocks held and cached-but-free over time, and the prefix-cache hit rate of requests by arrival."""
     titles = ["KV blocks held by running requests", "KV blocks cached, free but reusable",
               "Prefix-cache hit rate (prompt tokens read from cache, requests by arrival)"]
-    fig = make_subplots(rows=3, cols=1, shared_xaxes=True, subplot_titles=titles, vertical_spacing=0.08)
+    grid = Grid(3, titles=titles, shared_xaxes=True, vertical_spacing=0.08)
     colors, multi = strategy_colors(runs), len(runs) > 1
     for run, strategy, it, t, t_max in _iterations(runs):
         series = [_binned(t, it[c].to_numpy(float), t_max, "mean") if c in it else (np.array([]), np.array([]))
@@ -145,11 +141,10 @@ def kv_cache(runs: list[RunData]) -> go.Figure:
             with np.errstate(invalid="ignore", divide="ignore"):
                 series.append((cached[0], cached[1] / prompt[1]))
         for i, (x, y) in enumerate(series):
-            _line(fig, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
-    fig.update_yaxes(range=[0, 1], row=3, col=1)
-    fig.update_xaxes(title_text="run time (s)", row=3, col=1)
-    fig.update_layout(title="KV cache", height=700)
-    return fig
+            _line(grid, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
+    grid.yaxis(3)["range"] = [0, 1]
+    grid.xaxis(3)["title"] = {"text": "run time (s)"}
+    return grid.figure("KV cache", 700)
 
 
 def padding(runs: list[RunData]) -> go.Figure:
@@ -158,16 +153,15 @@ def padding(runs: list[RunData]) -> go.Figure:
         for _, row in run.summary.iterrows():
             labels.append(_label(run, row["strategy"], len(runs) > 1))
             values.append(row.get("padding_fraction", np.nan))
-    fig = go.Figure(go.Bar(x=labels, y=values, marker_color="#7f7f7f"))
-    fig.update_layout(title="Padding fraction (tokens computed for nothing)", yaxis={"range": [0, 1]}, height=350)
-    return fig
+    return go.Figure(go.Bar(x=labels, y=values, marker_color="#7f7f7f"),
+                     {"title": {"text": "Padding fraction (tokens computed for nothing)"}, "yaxis": {"range": [0, 1]},
+                      "height": 350})
 
 
 def iteration_gantt(run: RunData) -> go.Figure:
     """Host and device phases of a window of iterations from the middle of each strategy's run."""
     strategies = [s for s, it in run.iterations.items() if not it.empty]
-    fig = make_subplots(rows=max(len(strategies), 1), cols=1, subplot_titles=strategies or ["(no iterations)"],
-                        vertical_spacing=0.12)
+    grid = Grid(max(len(strategies), 1), titles=strategies or ["(no iterations)"], vertical_spacing=0.12)
     span = 0.0  # the widest window: every panel shares its time scale, so strategies compare by eye
     phase_colors = {"schedule": "#ff7f0e", "prepare": "#bcbd22", "postprocess": "#9467bd",
                     "encode": "#2ca02c", "forward": "#1f77b4", "sample": "#17becf"}
@@ -182,22 +176,22 @@ def iteration_gantt(run: RunData) -> go.Figure:
             start = (window[f"{phase}_start_s"] - t0) * 1e3
             dur = (window[f"{phase}_end_s"] - window[f"{phase}_start_s"]) * 1e3
             ok = start.notna() & dur.notna()
-            fig.add_trace(go.Bar(y=[lane] * int(ok.sum()), x=dur[ok], base=start[ok], orientation="h", name=phase,
-                                 marker_color=color, legendgroup=phase, showlegend=row == 1,
-                                 customdata=window["iteration"][ok],
-                                 hovertemplate=f"{phase} iteration %{{customdata}}<br>%{{base:.3f}} ms"
-                                               "+%{x:.3f} ms<extra></extra>"), row=row, col=1)
-        _stage_lanes(fig, window, t0, row)
+            grid.add(go.Bar(y=[lane] * int(ok.sum()), x=dur[ok], base=start[ok], orientation="h", name=phase,
+                            marker_color=color, legendgroup=phase, showlegend=row == 1,
+                            customdata=window["iteration"][ok],
+                            hovertemplate=f"{phase} iteration %{{customdata}}<br>%{{base:.3f}} ms"
+                                          "+%{x:.3f} ms<extra></extra>"), row)
+        _stage_lanes(grid, window, t0, row)
         ends = window[[c for c in window if c.endswith("_end_s") and window[c].dtype.kind == "f"]]
         span = max(span, (float(np.nanmax(ends.to_numpy(float))) - t0) * 1e3)
-    fig.update_xaxes(range=[0, span * 1.02])
-    fig.update_xaxes(title_text="ms from window start", row=max(len(strategies), 1), col=1)
-    fig.update_layout(title=f"Iteration timeline ({run.name}): host vs device lanes, one time scale", barmode="overlay",
-                      height=max(300, 220 * len(strategies)))
-    return fig
+    for axis in grid.xaxes():
+        axis["range"] = [0, span * 1.02]
+    grid.xaxis(max(len(strategies), 1))["title"] = {"text": "ms from window start"}
+    return grid.figure(f"Iteration timeline ({run.name}): host vs device lanes, one time scale",
+                       max(300, 220 * len(strategies)), barmode="overlay")
 
 
-def _stage_lanes(fig: go.Figure, window: pd.DataFrame, t0: float, row: int) -> None:
+def _stage_lanes(grid: Grid, window: pd.DataFrame, t0: float, row: int) -> None:
     """Pipeline runs: a lane per stage process, each micro-batch its own colour."""
     if "stage_start_s" not in window:
         return
@@ -211,12 +205,12 @@ def _stage_lanes(fig: go.Figure, window: pd.DataFrame, t0: float, row: int) -> N
         pick = (window["micro_batch"] == mb).to_numpy()
         for stage in range(start.shape[1]):
             dur = (end[pick, stage] - start[pick, stage]) * 1e3
-            fig.add_trace(go.Bar(y=[f"stage {stage}"] * int(pick.sum()), x=dur,
-                                 base=(start[pick, stage] - t0) * 1e3, orientation="h", name=f"micro-batch {mb}",
-                                 marker_color=colors[int(mb) % len(colors)], legendgroup=f"mb{mb}",
-                                 showlegend=row == 1 and stage == 0, customdata=window["iteration"][pick],
-                                 hovertemplate=f"stage {stage}, micro-batch {mb}, iteration %{{customdata}}"
-                                               "<br>%{base:.3f} ms +%{x:.3f} ms<extra></extra>"), row=row, col=1)
+            grid.add(go.Bar(y=[f"stage {stage}"] * int(pick.sum()), x=dur,
+                            base=(start[pick, stage] - t0) * 1e3, orientation="h", name=f"micro-batch {mb}",
+                            marker_color=colors[int(mb) % len(colors)], legendgroup=f"mb{mb}",
+                            showlegend=row == 1 and stage == 0, customdata=window["iteration"][pick],
+                            hovertemplate=f"stage {stage}, micro-batch {mb}, iteration %{{customdata}}"
+                                          "<br>%{base:.3f} ms +%{x:.3f} ms<extra></extra>"), row)
 
 
 def sweep(runs: list[RunData]) -> go.Figure | None:
@@ -238,33 +232,30 @@ def sweep(runs: list[RunData]) -> go.Figure | None:
     panels = [("median_ttft_ms", "p99_ttft_ms", "TTFT (ms)"), ("median_tpot_ms", "p99_tpot_ms", "TPOT (ms)"),
               ("median_e2el_ms", "p99_e2el_ms", "E2EL (ms)"), ("output_throughput", None, "Output tokens/s"),
               ("request_goodput", None, "Goodput (req/s)")]
-    fig = make_subplots(rows=len(panels), cols=1, subplot_titles=[p[2] for p in panels], vertical_spacing=0.05)
+    grid = Grid(len(panels), titles=[p[2] for p in panels], vertical_spacing=0.05)
     for k, strategy in enumerate(df["line"].unique()):
         d = df[df["line"] == strategy]
         color = PALETTE[k % len(PALETTE)]
         for i, (p50, p99, _) in enumerate(panels):
             if p50 not in d:
                 continue
-            fig.add_trace(go.Scatter(x=d["rate"], y=d[p50], mode="lines+markers", name=f"{strategy} p50"
-                                     if p99 else strategy, legendgroup=strategy, showlegend=i == 0,
-                                     line={"color": color}), row=i + 1, col=1)
+            grid.add(go.Scatter(x=d["rate"], y=d[p50], mode="lines+markers", name=f"{strategy} p50"
+                                if p99 else strategy, legendgroup=strategy, showlegend=i == 0,
+                                line={"color": color}), i + 1)
             if p99:
-                fig.add_trace(go.Scatter(x=d["rate"], y=d[p99], mode="lines+markers", name=f"{strategy} p99",
-                                         legendgroup=strategy, showlegend=i == 0,
-                                         line={"color": color, "dash": "dash"}), row=i + 1, col=1)
-    fig.update_xaxes(title_text="request rate (req/s)", row=len(panels), col=1)
-    fig.update_layout(title="Throughput and latency against request rate", height=260 * len(panels))
-    return fig
+                grid.add(go.Scatter(x=d["rate"], y=d[p99], mode="lines+markers", name=f"{strategy} p99",
+                                    legendgroup=strategy, showlegend=i == 0,
+                                    line={"color": color, "dash": "dash"}), i + 1)
+    grid.xaxis(len(panels))["title"] = {"text": "request rate (req/s)"}
+    return grid.figure("Throughput and latency against request rate", 260 * len(panels))
 
 
 def repeats(stats: pd.DataFrame, metrics: tuple[str, ...]) -> go.Figure:
     """Each metric's mean per configuration and strategy, with its 95% confidence interval."""
-    fig = make_subplots(rows=1, cols=len(metrics), subplot_titles=list(metrics))
+    grid = Grid(1, len(metrics), list(metrics))
     for col, m in enumerate(metrics, start=1):
         for i, (strategy, group) in enumerate(stats.groupby("strategy", sort=False)):
-            fig.add_trace(go.Bar(x=group["config"], y=group[f"{m}_mean"], name=str(strategy),
-                                 marker_color=PALETTE[i % len(PALETTE)], legendgroup=str(strategy), showlegend=col == 1,
-                                 error_y={"type": "data", "array": group[f"{m}_ci95"], "visible": True}),
-                          row=1, col=col)
-    fig.update_layout(title="Repeats: mean and 95% confidence interval", barmode="group", height=420)
-    return fig
+            grid.add(go.Bar(x=group["config"], y=group[f"{m}_mean"], name=str(strategy),
+                            marker_color=PALETTE[i % len(PALETTE)], legendgroup=str(strategy), showlegend=col == 1,
+                            error_y={"type": "data", "array": group[f"{m}_ci95"], "visible": True}), 1, col)
+    return grid.figure("Repeats: mean and 95% confidence interval", 420, barmode="group")

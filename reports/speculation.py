@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from reports.figures import strategy_colors
 from reports.run_data import RunData
+from reports.subplots import Grid
 from reports.tables import acceptance_by_position
 
 
@@ -22,14 +22,13 @@ def speculation(runs: list[RunData]) -> go.Figure | None:
     accepted = {(r.name, s): acceptance_by_position(it) for r in runs for s, it in r.iterations.items()}
     if not any(len(a) for a in accepted.values()):
         return None
-    fig = make_subplots(rows=1, cols=2, subplot_titles=["Acceptance by draft position (accepted / verifying steps)",
-                                                        "TPOT (ms), median and p99"])
+    grid = Grid(1, 2, ["Acceptance by draft position (accepted / verifying steps)", "TPOT (ms), median and p99"])
     colors, multi = strategy_colors(runs), len(runs) > 1
     for key, a in accepted.items():
         if len(a):
             label = f"{key[0]} / {key[1]}" if multi else key[1]
-            fig.add_trace(go.Scatter(x=np.arange(1, len(a) + 1), y=a, mode="lines+markers", name=label,
-                                     line={"color": colors[key]}, legendgroup=label), row=1, col=1)
+            grid.add(go.Scatter(x=np.arange(1, len(a) + 1), y=a, mode="lines+markers", name=label,
+                                line={"color": colors[key]}, legendgroup=label), 1, 1)
     labels, median, p99, bar_colors = [], [], [], []
     for r in runs:
         for _, row in r.summary.iterrows():
@@ -39,11 +38,9 @@ def speculation(runs: list[RunData]) -> go.Figure | None:
             median.append(row.get("median_tpot_ms", np.nan))
             p99.append(row.get("p99_tpot_ms", np.nan))
             bar_colors.append(colors.get(key, "#888"))
-    fig.add_trace(go.Bar(x=labels, y=median, name="median TPOT", marker={"color": bar_colors},
-                         showlegend=False), row=1, col=2)
-    fig.add_trace(go.Scatter(x=labels, y=p99, mode="markers", name="p99 TPOT",
-                             marker={"color": "#222", "symbol": "line-ew-open", "size": 18}), row=1, col=2)
-    fig.update_xaxes(title_text="draft position", dtick=1, row=1, col=1)
-    fig.update_yaxes(range=[0, 1.02], row=1, col=1)
-    fig.update_layout(height=440, title="Speculative decoding")
-    return fig
+    grid.add(go.Bar(x=labels, y=median, name="median TPOT", marker={"color": bar_colors}, showlegend=False), 1, 2)
+    grid.add(go.Scatter(x=labels, y=p99, mode="markers", name="p99 TPOT",
+                        marker={"color": "#222", "symbol": "line-ew-open", "size": 18}), 1, 2)
+    grid.xaxis(1, 1).update(title={"text": "draft position"}, dtick=1)
+    grid.yaxis(1, 1)["range"] = [0, 1.02]
+    return grid.figure("Speculative decoding", 440)
