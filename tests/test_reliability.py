@@ -142,3 +142,29 @@ def test_max_concurrency_is_a_closed_loop(strategy):
         assert sum(1 for r in reqs if r.arrival_s <= t < r.finish_s) <= 3
     # the k-th request sent (k >= 3) left the client when the (k-3)-th finish happened: one in, one out
     assert sent[3:] == pytest.approx(finished[:len(sent) - 3], abs=0)
+
+
+@pytest.mark.parametrize("fault", [None, ("inflight", 3)])
+def test_a_run_keeps_the_collector_off_what_existed_before_it_only_while_it_runs(tmp_path, monkeypatch, fault):
+    """execute() freezes the heap (gc.freeze) for the run and gives it back on the way out, also when a
+    strategy fails: an object made before the run is out of the collector's generations while the strategy
+    runs, and back in them afterwards, nothing left frozen."""
+    import gc
+
+    import harness.app as app
+    from harness.options import RunOptions
+
+    before = [object()]  # a container the collector tracks, made before the run
+    seen: list[bool] = []
+    real = app.run_strategy
+
+    def spy(*args, **kwargs):
+        seen.append(any(o is before for o in gc.get_objects()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(app, "run_strategy", spy)
+    opts = RunOptions(device="sim", model_spec="llama-3-8b", num_prompts=8, strategies=("inflight", "static"))
+    outcome = app.execute(opts, tmp_path / "run", progress=False, report=False, fault=fault, log=lambda _: None)
+    assert outcome.exit_code == (1 if fault else 0)
+    assert seen == [False, False]  # each strategy, the one after a failed one too
+    assert gc.get_freeze_count() == 0 and any(o is before for o in gc.get_objects())
