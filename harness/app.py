@@ -283,7 +283,7 @@ def _frozen_heap() -> Iterator[None]:
     """What is alive on entry (imported modules, the model, the trace) leaves the cyclic collector's
     generations until the run is written, as vLLM freezes its heap after start-up (``freeze_gc_heap``): a full
     collection otherwise walks all of it, 0.1-0.2 s each here, in a measured step as readily as in the
-    writing (the 70B run's three took 0.39 s of its 9 s; frozen, two took 0.13 s). On exit everything goes
+    writing (the 70B run's three took 0.39 s of its 9 s; frozen, two took 0.14 s). On exit everything goes
     back to the collector, so that a later run in this process (a suite's) frees what this one left."""
     gc.freeze()
     try:

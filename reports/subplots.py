@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 import plotly.graph_objects as go
+from plotly.basedatatypes import BaseTraceType
 
 
 class Grid:
@@ -28,16 +29,15 @@ class Grid:
         heights = [(1.0 - vs * (rows - 1)) / rows] * rows
         self.rows, self.cols = rows, cols
         self.layout: dict[str, Any] = {}
-        self.traces: list[Any] = []
+        self.traces: list[BaseTraceType] = []
         annotations = []
         for r in range(rows):  # top to bottom; plotly stacks the rows from the bottom
             up = rows - 1 - r
             y0 = sum(heights[:up]) + up * vs
-            y_domain = [_clamp(y0), _clamp(y0 + heights[-1 - r])]
+            y_start, y_end = max(0.0, _clamp(y0)), min(1.0, _clamp(y0 + heights[-1 - r]))
             for c in range(cols):
                 x0 = sum(widths[:c]) + c * hs
-                x_domain = [max(0.0, x0), min(1.0, x0 + widths[c])]
-                y_domain = [max(0.0, y_domain[0]), min(1.0, y_domain[1])]
+                x_domain, y_domain = [max(0.0, x0), min(1.0, x0 + widths[c])], [y_start, y_end]
                 s = self._suffix(r + 1, c + 1)
                 self.layout[f"xaxis{s}"] = {"anchor": f"y{s}", "domain": x_domain}
                 self.layout[f"yaxis{s}"] = {"anchor": f"x{s}", "domain": y_domain}
@@ -58,7 +58,7 @@ class Grid:
         n = (row - 1) * self.cols + col
         return "" if n == 1 else str(n)
 
-    def add(self, trace: Any, row: int, col: int = 1) -> None:
+    def add(self, trace: BaseTraceType, row: int, col: int = 1) -> None:
         """``trace`` (a graph object) drawn in cell (row, col), counted from 1 at the top left."""
         s = self._suffix(row, col)
         trace.xaxis, trace.yaxis = f"x{s}", f"y{s}"
