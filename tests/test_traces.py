@@ -73,6 +73,10 @@ def test_slotbench_jsonl_with_prompts_and_sampling(tmp_path):
      "c.jsonl:1: temperature must be >= 0"),
     ("c.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2, "seed": "x"}\n',
      "seed: 'x' is not an integer"),
+    ("c.jsonl", '{"arrival_s": 0, "input_tokens": 5, "output_tokens": 2, "request_id": "a"}\n'
+     '{"arrival_s": 1, "input_tokens": 5, "output_tokens": 2, "request_id": 7}\n'
+     '{"arrival_s": 2, "input_tokens": 5, "output_tokens": 2, "request_id": "a"}\n',
+     "c.jsonl:3: request_id 'a' repeats line 1"),
     ("d.csv", "", "empty file"),
     ("e.csv", "foo,bar\n1,2\n", "cannot detect"),
 ])

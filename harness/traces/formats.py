@@ -8,8 +8,8 @@
 - mooncake: Mooncake JSONL ``{"timestamp": ms, "input_length", "output_length", "hash_ids"}``; each hash id
   stands for one 512-token prefix block, so prompts are built with the trace's prefix sharing.
 - slotbench: JSONL ``{"arrival_s", "input_tokens" | "prompt_token_ids", "output_tokens"}`` with optional
-  ``request_id`` and sampling parameters; multi-turn sessions add ``session_id``, ``turn`` (0, 1, …) and,
-  on a later turn (which has no ``arrival_s``), ``delay_s``: harness/traces/sessions.py.
+  ``request_id`` (unique within the file) and sampling parameters; multi-turn sessions add ``session_id``,
+  ``turn`` (0, 1, …) and, on a later turn (which has no ``arrival_s``), ``delay_s``: harness/traces/sessions.py.
 """
 
 from __future__ import annotations
@@ -211,6 +211,7 @@ def _tokens_or_length(path: str, line: int, obj: dict, ids_key: str,
 
 def _load_slotbench(path: str, text: str) -> tuple[list[TraceRequest], int]:
     rows = []
+    first_line: dict[str, int] = {}  # request_id → its line: tokens and metrics are kept per request id
     for i, obj in _json_lines(path, text):
         _require(path, i, obj, "output_tokens")
         prompt, n_in = _tokens_or_length(path, i, obj, "prompt_token_ids", "input_tokens")
@@ -231,6 +232,10 @@ def _load_slotbench(path: str, text: str) -> tuple[list[TraceRequest], int]:
         if sampling:
             _check_sampling(path, i, sampling)
         rid = obj.get("request_id")
+        if rid is not None:
+            if str(rid) in first_line:
+                raise TraceError(path, i, f"request_id {str(rid)!r} repeats line {first_line[str(rid)]}")
+            first_line[str(rid)] = i
         arrival = _number(path, i, "arrival_s", obj["arrival_s"], integer=False) if turn == 0 else 0.0
         rows.append((i, TraceRequest(arrival, n_in, _length(path, i, "output_tokens", obj["output_tokens"]),
                                      str(rid) if rid is not None else None,
