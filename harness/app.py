@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import json
-import platform
 import shutil
 import sys
 import tempfile
@@ -32,16 +30,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
-import torch
 from tqdm import tqdm
 
 from harness.context_length import resolve_max_seq_len
 from harness.errors import UserError
 from harness.options import RunOptions
-from harness.output.io import atomic_write_json, atomic_write_text
 from harness.output.rejections import rejection_note
+from harness.output.run_files import write_run_files
 from harness.output.strategy_dir import write_strategy
 from harness.runner import StrategyRun, build_requests, run_strategy
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
@@ -130,24 +126,6 @@ def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
                                                      else 0)) * executor.tokens_per_block * cost.kv_bytes_per_token,
             "kv_bytes_per_token": cost.kv_bytes_per_token, "profile": dataclasses.asdict(cost.profile)}
     return executor, info
-
-
-def _versions() -> dict:
-    import nvtx
-    import plotly
-
-    return {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-            "pandas": pd.__version__, "plotly": plotly.__version__, "nvtx": getattr(nvtx, "__version__", "?"),
-            "slotbench": _slotbench_version(), "platform": platform.platform()}
-
-
-def _slotbench_version() -> str:
-    try:
-        from importlib.metadata import version
-
-        return version("slotbench")
-    except Exception:  # running from a source tree that was never installed
-        return "source"
 
 
 def prepare_out(out: Path, force: bool) -> None:
@@ -265,7 +243,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
         finally:
             # Whatever was measured is written, even when the loop above was cut short.
             summary = pd.DataFrame(rows)
-            _write_run_files(staging, opts, executor, sim_info, trace, model_cfg, summary, runs)
+            write_run_files(staging, opts, executor, sim_info, trace, model_cfg, summary, runs)
             if report and rows:
                 from reports.html import write_report
 
@@ -290,29 +268,3 @@ def _frozen_heap() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-def _write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, sim_info: dict | None, trace: Trace,
-                     model_cfg, summary: pd.DataFrame, runs: list[StrategyRun]) -> None:
-    run_json = {
-        "options": dataclasses.asdict(opts),
-        "executor": executor.to_dict(),
-        "model": model_cfg.to_dict(),
-        "versions": _versions(),
-        "seed": opts.seed,
-        "device": opts.device,
-        "device_memory": executor.memory,
-        # What the KV pools allocate: --kv-blocks x --tokens-per-block tokens (the simulated device: modelled).
-        "kv_bytes": (sim_info["kv_bytes"] if sim_info else
-                     executor.total_kv_blocks * executor.tokens_per_block * model_cfg.kv_bytes_per_token),
-        # measured: real host code timed on the run clock; modelled: configured costs (simulated device)
-        "host_time": executor.sim.host_time if executor.sim else "measured",
-        "sim": sim_info,
-        "trace": {"source": trace.source, "format": trace.format, "sha256": trace.sha256, "requests": len(trace),
-                  "skipped_failed_rows": trace.skipped, "notes": list(trace.notes)},
-        "strategies": [{"name": r.name, "wall_s": r.wall_s, "warmup_s": r.warmup_s, "error": r.error,
-                        "interrupted": r.interrupted, "torch_threads": r.torch_threads} for r in runs],
-    }
-    atomic_write_json(staging / "run.json", run_json)
-    atomic_write_text(staging / "summary.csv", summary.to_csv(index=False))
-    atomic_write_json(staging / "summary.json", json.loads(summary.to_json(orient="records")))
