@@ -63,6 +63,8 @@ def load_runs(paths: list[Path], names: list[str] | None = None,
               frames: dict[str, StrategyFrames] | None = None) -> list[RunData]:
     """Run directories, suite directories (expanded into their runs), or vLLM result files; ``frames``: a
     single run's strategies as its run holds them (``load_run``)."""
+    if frames is not None and len(paths) != 1:
+        raise ValueError("frames are one run's: give them with that run's directory alone")
     runs: list[RunData] = []
     for i, p in enumerate(paths):
         suite = p / "suite.json"
