@@ -64,6 +64,34 @@ def test_a_send_to_a_receiver_that_left_does_not_fail_the_sender():
     assert time.monotonic() - t < 10
 
 
+def test_a_send_posted_after_its_receiver_left_does_not_fail_the_sender():
+    """The receiver's step raised and it left the link before the host knew, with a chunk for it already on
+    the sender's stream (CI once saw the sender die of "Connection closed by peer" here and take the run
+    with it): the post fails on the spot, and that error, too, is the given-up transfer's, not the sender's.
+    The sender's link goes on for its other receivers."""
+    store = dist.TCPStore("127.0.0.1", 0, 4, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    ends: dict[int, GlooLink] = {}
+    threads = [threading.Thread(target=lambda r=r: ends.__setitem__(r, GlooLink(store.port, r, 3)))
+               for r in (0, 1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    sender, gone, other = ends[0], ends[1], ends[2]
+    sender.send(torch.ones(4), 1)  # a chunk it received: the pair to rank 1 is up
+    assert gone.recv(torch.zeros(4), 0)
+    sender.settle()
+    del gone, ends[1]  # rank 1's step raised: it leaves the link
+    time.sleep(0.5)
+    for _ in range(3):  # the next chunk for rank 1, already queued on the sender's stream
+        sender.send(torch.full((1 << 16,), 2.0), 1)
+        sender.settle()
+    got = torch.zeros(8)
+    sender.send(torch.arange(8.0), 2)
+    assert other.recv(got, 0) and torch.equal(got, torch.arange(8.0))
+    sender.settle()
+
+
 def test_device_processes_move_blocks_without_the_host():
     """Device processes in split memory: each engine's staging buffer has a host half (the relay path's) and a
     device half in its process. Over the link the host halves stay zero — not one byte went through the

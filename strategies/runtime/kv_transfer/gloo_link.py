@@ -42,9 +42,12 @@ class GlooLink:
 
     def send(self, t: torch.Tensor, peer: int) -> None:
         """Post ``t`` (the staging buffer's first blocks) to rank ``peer``; the buffer stays untouched until
-        ``settle``, which must come before the buffer is written again."""
+        ``settle``, which must come before the buffer is written again. A receiver that already left the link
+        fails the post on the spot: as in ``settle``, that is the transfer's error, which the host gives up
+        with its receiver (a chunk that never arrived is reported on the receiving side, ``received``)."""
         assert self._sending is None, "settle the last send before writing the buffer again"
-        self._sending = self.pg.send([t], peer, 0)
+        with contextlib.suppress(RuntimeError):
+            self._sending = self.pg.send([t], peer, 0)
 
     def recv(self, t: torch.Tensor, peer: int) -> bool:
         """Receive rank ``peer``'s posted blocks into ``t``; False if they never came (the sender left)."""
