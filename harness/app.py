@@ -44,10 +44,8 @@ from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
 from reports.run_data import StrategyFrames
 from strategies.config import ExecutorConfig
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.models.config import PRESETS, ModelConfig
-from strategies.runtime.models.llama import build_model
 
 EXIT_FAULT, EXIT_INTERRUPTED = 1, 130
 
@@ -87,6 +85,8 @@ def load_model(opts: RunOptions) -> tuple:
         cfg = resolve_model_config(opts.model).with_dtype(opts.dtype or "float32")
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    from strategies.runtime.models.llama import build_model, script_model  # torch: never on the simulated device
+
     try:  # the host's model; each engine places a copy of its own on the device (DeviceMemory.place)
         model = build_model(cfg) if opts.model in PRESETS else load_checkpoint(opts.model, cfg)
     except ValueError as exc:

@@ -17,7 +17,7 @@ from harness.traces import FORMATS, LENGTH_DISTS
 from harness.traces.sessions import SessionShape
 from harness.traces.synthetic import RAMP_STRATEGIES, ramp_rates
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
-from strategies.runtime.buffers.memory import MEMORY_MODES
+from strategies.runtime.buffers.mirrored import MEMORY_MODES
 from strategies.runtime.kv_transfer.config import LINKS_GBPS, DisaggConfig
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.runtime.spec.config import SpecConfig, parse_speculative_config

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from harness.errors import UserError
 from harness.source import TraceSource
@@ -26,6 +26,9 @@ from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclass
 class StrategyRun:
@@ -36,7 +39,8 @@ class StrategyRun:
     error: str | None = None  # why the run stopped early, if it did
     interrupted: bool = False  # stopped by SIGINT
     warmup_s: float = 0.0
-    torch_threads: int = 0  # torch's intra-op threads while this strategy ran (warm-up included)
+    torch_threads: int = 0  # torch's intra-op threads while this strategy ran (warm-up included); 0 on the
+    # simulated device, which runs no torch op (and never imports torch)
     tenures: list[SlotTenure] = field(default_factory=list)  # who held which slot when (slots.parquet)
 
 
@@ -76,14 +80,15 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
                  fault_at_iteration: int | None = None,
                  profile_iters: tuple[int, int] | None = None) -> StrategyRun:
     """Warm up, then replay ``requests`` through strategy ``name``. Every strategy, peers included, runs
-    with ``config.device_threads`` torch threads whatever ran before it, and leaves the process's thread
-    count and switch interval as it found them."""
+    with ``config.device_threads`` torch threads (on a device that runs torch) whatever ran before it, and
+    leaves the process's thread count and switch interval as it found them."""
     cls = get_strategy(name)
     if config.num_replicas > 1:
         from strategies.fleet import replicated
 
         cls = replicated(cls)
-    with compute_budget(config.device_threads) as threads:
+    budget = nullcontext(0) if config.device == "sim" else compute_budget(config.device_threads)
+    with budget as threads:
         run = _run(cls, model_cfg, model, config, requests, max_concurrency, warmup, on_end, fault_at_iteration,
                    profile_iters)
     return replace(run, torch_threads=threads)
@@ -131,6 +136,8 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
 
 def _cuda_profiler_range(first: int, last: int) -> Callable[[int], None]:
     """Brackets iterations first..last with cudaProfilerStart/Stop (nsys --capture-range=cudaProfilerApi)."""
+
+    import torch
 
     def hook(iteration: int) -> None:
         if iteration == first:

@@ -2,9 +2,8 @@
 
 schedule (host) → forward + sample (device) → postprocess (host). A strategy only decides how these are
 arranged in its loop and what its schedule admits; the runtime underneath is the same for all, so a
-difference between strategies in a report comes from scheduling alone. (The interface the harness drives,
-``Executor``, is ``strategies/interface.py``.)
-"""
+difference between strategies in a report comes from scheduling alone. (The harness drives ``Executor``,
+``strategies/interface.py``.)"""
 
 from __future__ import annotations
 
@@ -12,16 +11,14 @@ from abc import abstractmethod
 from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import ClassVar
-
-import torch
+from typing import TYPE_CHECKING, ClassVar
 
 from strategies.config import ExecutorConfig
 from strategies.interface import Executor, ExecutorStalled, RequestSource
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.slots import SlotManager, SlotTenure
-from strategies.runtime.decoder.state import CONTINUE, DISCARDED, FINISH_REASONS
+from strategies.runtime.decoder.finish import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.factory import make_stream
 from strategies.runtime.device.nvtx import Nvtx
@@ -33,6 +30,9 @@ from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.progress import SlotProgress
 from strategies.runtime.request import Request, Status
 from strategies.speculation import receive_verified
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Strategy(Executor):

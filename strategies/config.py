@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from strategies.runtime.buffers.memory import MEMORY_MODES
+from strategies.runtime.buffers.mirrored import MEMORY_MODES
 from strategies.runtime.device.factory import CPU_DEVICES
 from strategies.runtime.kv_transfer.config import DisaggConfig
 from strategies.runtime.sim.config import SimConfig

@@ -7,12 +7,16 @@ On the simulated device the draft's passes are priced by the cost model instead,
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from strategies.base import Strategy
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
-from strategies.runtime.spec.draft_model import DraftModel, load_draft_model
+
+if TYPE_CHECKING:
+    from strategies.runtime.spec.draft_model import DraftModel
 
 
 class DraftingStrategy(Strategy):
@@ -33,6 +37,8 @@ class DraftingStrategy(Strategy):
 
     def _draft_model(self) -> DraftModel:
         """The draft model's engine, on a device stream of its own, sized like the target's."""
+        from strategies.runtime.spec.draft_model import DraftModel, load_draft_model  # torch: not on sim
+
         c = self.config
         assert c.speculative is not None and c.speculative.model is not None
         cfg, model = load_draft_model(c.speculative.model, self.model_cfg, c.compile)

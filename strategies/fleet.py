@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-
-import torch
+from typing import TYPE_CHECKING
 
 from strategies.config import ExecutorConfig
 from strategies.inflight.executor import InflightStrategy
@@ -31,6 +30,9 @@ from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request, Status
+
+if TYPE_CHECKING:
+    import torch
 
 POLL_S = 2e-4  # real devices, several steps in flight: how often the host looks for one that is done
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import ClassVar, Protocol
-
-import torch
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 from strategies.config import ExecutorConfig
 from strategies.runtime.buffers.slots import SlotTenure
@@ -22,6 +20,9 @@ from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import beam_blocks
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request, Status
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RequestSource(Protocol):

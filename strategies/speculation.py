@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.runtime.buffers.draft_tokens import DraftTokens
-from strategies.runtime.decoder.state import CONTINUE, DISCARDED, FINISH_REASONS
+from strategies.runtime.decoder.finish import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request, Status

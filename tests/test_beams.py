@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.engine import script_model
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
+from strategies.runtime.models.llama import script_model
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 from tests.util import assert_accounted, make_requests, run_strategy

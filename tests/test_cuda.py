@@ -16,8 +16,7 @@ from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.factory import make_stream
 from strategies.runtime.device.nvtx import Nvtx
-from strategies.runtime.engine import script_model
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.sampling_params import SamplingParams
 from tests.device_pieces import fail, note
 from tests.util import TINY64, ListSource, make_requests, run_strategy, tiny_models

@@ -18,7 +18,8 @@ import harness.runner
 from harness.runner import run_strategy as harness_run
 from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
-from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.buffers.mirrored import Mirrored
 from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, ListSource, make_requests, reference_decode, run_strategy, tiny_models
 
@@ -65,7 +66,7 @@ def test_split_memory_gives_the_device_its_own_tensors(cpu_device):
 
 def test_copies_are_contiguous_staging_prefixes():
     mem = DeviceMemory(torch.device("cpu"), split=True)
-    table = Mirrored(mem, (8, 3), torch.int64)
+    table = Mirrored(mem, (8, 3), "int64")
     table.np[:2] = [[1, 2, 3], [4, 5, 6]]
     table.upload(2)
     assert table.dev[:2].tolist() == [[1, 2, 3], [4, 5, 6]] and table.dev[2:].abs().sum() == 0
@@ -74,7 +75,7 @@ def test_copies_are_contiguous_staging_prefixes():
     with pytest.raises(RuntimeError, match="not a staging buffer"):
         mem.upload(table.dev, torch.zeros(8, 3, dtype=torch.int64), 2)
     shared = DeviceMemory(torch.device("cpu"), split=False)
-    m = Mirrored(shared, (4,), torch.int64)
+    m = Mirrored(shared, (4,), "int64")
     assert m.dev is m.host  # shared: the device reads the host's buffer, nothing is copied
     with pytest.raises(ValueError, match="always split"):
         DeviceMemory(torch.device("cuda"), split=False)
@@ -151,8 +152,7 @@ def test_warmup_executor_is_released_before_the_measured_run(monkeypatch):
 
 def test_logits_stay_float32_whatever_the_model_dtype():
     cfg = TINY64.with_dtype("bfloat16")
-    from strategies.runtime.engine import script_model
-    from strategies.runtime.models.llama import build_model
+    from strategies.runtime.models.llama import build_model, script_model
 
     model = script_model(build_model(cfg))
     s = get_strategy("inflight")(cfg, model, ExecutorConfig(max_batch_size=2, max_seq_len=32))

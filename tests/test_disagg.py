@@ -100,8 +100,8 @@ def test_greedy_tokens_equal_hugging_face(hf_checkpoint):
     """A checkpoint served by 1 prefill + 2 decode workers gives Hugging Face's greedy ``generate``."""
     import torch
 
-    from strategies.runtime.engine import script_model
     from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
+    from strategies.runtime.models.llama import script_model
 
     path, hf_model = hf_checkpoint
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")

@@ -14,10 +14,9 @@ import torch
 from strategies.runtime.decoder import state as decoder_state
 from strategies.runtime.decoder.accept import accept_drafts
 from strategies.runtime.decoder.beam_search import beam_step
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.bart import build_bart
 from strategies.runtime.models.config import PRESETS
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.pipeline.stage_model import StageModel
 
 # ops whose result is a host value, or whose output size depends on tensor values

@@ -5,10 +5,9 @@ import pytest
 import torch
 
 from strategies.config import ExecutorConfig
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint, resolve_model_config
 from strategies.runtime.models.config import PRESETS
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.sampling_params import SamplingParams
 from tests.util import make_requests, run_strategy
 

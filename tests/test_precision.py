@@ -21,8 +21,8 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint, read_hf_config
+from strategies.runtime.models.llama import script_model
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 from tests.util import ListSource

@@ -16,8 +16,8 @@ import torch
 from harness.source import TraceSource
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
+from strategies.runtime.models.llama import script_model
 from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.runtime.spec.config import SpecConfig

@@ -18,9 +18,8 @@ import torch
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.decoder.sampler import sample
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS, ModelConfig
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 

@@ -15,17 +15,17 @@ decode worker that died go to another one.
 from __future__ import annotations
 
 from dataclasses import replace
-
-from torch.distributed import TCPStore
+from typing import TYPE_CHECKING
 
 from strategies.disagg.transceiver import KVTransceiver, WorkerDied
 from strategies.disagg.workers import DecodeWorker, PrefillWorker
 from strategies.fleet import Fleet, Worker
-from strategies.runtime.device.process import ProcessStream
-from strategies.runtime.kv_transfer.gloo_link import connect
 from strategies.runtime.kv_transfer.link import LinkModel
 from strategies.runtime.kv_transfer.staging import block_bytes
 from strategies.runtime.request import Request
+
+if TYPE_CHECKING:
+    from torch.distributed import TCPStore
 
 
 class DisaggStrategy(Fleet):
@@ -56,6 +56,9 @@ class DisaggStrategy(Fleet):
             nbytes = c.tokens_per_block * cost.kv_bytes_per_token
             staging = max(1, d.staging_bytes * cost.tp // nbytes)
             return KVTransceiver(self.clock, c.tokens_per_block, nbytes, staging, LinkModel(d, cost.tp))
+        from strategies.runtime.device.process import ProcessStream  # torch: never on the simulated device
+        from strategies.runtime.kv_transfer.gloo_link import connect
+
         ranks = None
         if all(isinstance(w.stream, ProcessStream) for w in self.workers):  # a device process each: link them
             self._link_store = connect([w.stream for w in self.workers])

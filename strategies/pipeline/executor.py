@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import replace
-
-import torch
+from typing import TYPE_CHECKING
 
 from strategies.config import ExecutorConfig
 from strategies.inflight.executor import InflightStrategy
@@ -28,6 +27,9 @@ from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request
 from strategies.scheduler import IterationScheduler
+
+if TYPE_CHECKING:
+    import torch
 
 
 class PipelineStrategy(InflightStrategy):

@@ -30,7 +30,7 @@ class EncoderDecoderEngine(Engine):
         self.cross = KVCachePool(cfg, cross_blocks, tpb, memory)  # [L, H, cross pages, D] keys, values
         for bufs in self.buffer_sets:
             bufs.encoder = EncoderBuffers(sizes["max_tokens"], sizes["max_batch"], sizes["max_seq_len"],
-                                          cfg.hidden_size, cfg.torch_dtype, tpb, memory)
+                                          cfg.hidden_size, cfg.dtype, tpb, memory)
 
     @property
     def kv_bytes(self) -> int:

@@ -9,33 +9,28 @@ on the stream inside the step, so it runs in order with the step's kernels. The 
 
 from __future__ import annotations
 
-import warnings
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.draft_tokens import DraftTokens
-from strategies.runtime.buffers.memory import Mirrored
+from strategies.runtime.buffers.mirrored import Mirrored
 from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
 from strategies.runtime.buffers.step_io import StepIO
-from strategies.runtime.decoder.state import DecoderState
 from strategies.runtime.device.stream import DeviceStream, DeviceWork
-from strategies.runtime.kv.pool import KVCachePool
 from strategies.runtime.kv_transfer.staging import KVStaging
 from strategies.runtime.models.config import ModelConfig
-from strategies.runtime.models.llama import LlamaModel
 from strategies.runtime.request import Request
 
+if TYPE_CHECKING:
+    import torch
+
+    from strategies.runtime.decoder.state import DecoderState
+    from strategies.runtime.kv.pool import KVCachePool
+
 MAX_STOP_IDS = 8  # EOS plus up to seven per-request stop ids
-
-
-def script_model(model: LlamaModel) -> torch.nn.Module:
-    """The model as one TorchScript module, so that its forward runs as one GIL-free call."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return torch.jit.script(model)
 
 
 class Engine:
@@ -51,16 +46,16 @@ class Engine:
         self.stream = stream
         self.tokens_per_block = tokens_per_block
         self.kv = self._kv_storage(num_blocks, tokens_per_block)
-        empty = memory.zeros((0,), cfg.torch_dtype)
+        empty = memory.zeros((0,), cfg.dtype)
         self._k, self._v = (self.kv.k, self.kv.v) if self.kv is not None else (empty, empty)
         self.state = self._decoder_state(num_slots, max_beam, max_seq_len)
         # Finished beam requests' hypotheses, read back once per finish (not per step): [F, Kb, L] tokens,
         # [F, Kb] lengths and scores, for the slots listed in ``_final_slots``.
         kb, g = (max_beam, max_seq_len) if max_beam > 1 else (0, 0)
-        self._final_slots = Mirrored(memory, (num_slots,), torch.int64)
-        self._final_tokens = Mirrored(memory, (num_slots, kb, g), torch.int64)
-        self._final_lens = Mirrored(memory, (num_slots, kb), torch.int64)
-        self._final_scores = Mirrored(memory, (num_slots, kb), torch.float32)
+        self._final_slots = Mirrored(memory, (num_slots,), "int64")
+        self._final_tokens = Mirrored(memory, (num_slots, kb, g), "int64")
+        self._final_lens = Mirrored(memory, (num_slots, kb), "int64")
+        self._final_scores = Mirrored(memory, (num_slots, kb), "float32")
         slot_modes = np.zeros((num_slots, 2), dtype=bool)  # [S, 2] shared by the sets (StepIO.slot_modes)
         self.buffer_sets = [
             BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block, cfg.vocab_size, memory,
@@ -77,9 +72,13 @@ class Engine:
         self.fault_at_iteration: int | None = None  # test hook: the device step raises at this iteration
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> KVCachePool | None:
+        from strategies.runtime.kv.pool import KVCachePool  # torch: the simulated engine stores no KV
+
         return KVCachePool(self.cfg, num_blocks, tokens_per_block, self.stream.memory)
 
     def _decoder_state(self, num_slots: int, max_beam: int, max_seq_len: int) -> DecoderState:
+        from strategies.runtime.decoder.state import DecoderState  # torch: the simulated engine has its own
+
         return DecoderState(num_slots, MAX_STOP_IDS, self.stream.memory, max_beam, max_seq_len)
 
     @property

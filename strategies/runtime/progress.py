@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from strategies.runtime.decoder.state import CONTINUE
+from strategies.runtime.decoder.finish import CONTINUE
 
 MIN_COLUMNS = 64  # first width of the token rows; they double as longer requests arrive
 # From this many rows a step's hand-out and decode choice are array operations over them; below, row by row is

@@ -24,9 +24,8 @@ import pytest
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 

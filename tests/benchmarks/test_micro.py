@@ -26,11 +26,10 @@ from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
 from strategies.runtime.buffers.step_io import StepIO
 from strategies.runtime.decoder.sampler import filter_logits, sample
 from strategies.runtime.device.nvtx import Nvtx
-from strategies.runtime.engine import script_model
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.kv.paged_attention import generation_attention
 from strategies.runtime.models.config import PRESETS
-from strategies.runtime.models.llama import Attention, build_model
+from strategies.runtime.models.llama import Attention, build_model, script_model
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler

@@ -26,9 +26,8 @@ from harness.metrics import pipeline_bubble_fraction
 from harness.output.records import iterations_frame
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 from tests.util import ListSource

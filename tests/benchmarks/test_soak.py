@@ -16,9 +16,8 @@ from harness.runner import build_requests, run_strategy
 from harness.traces import synthetic_trace
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
-from strategies.runtime.engine import script_model
 from strategies.runtime.models.config import PRESETS
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.soak

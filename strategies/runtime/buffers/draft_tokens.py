@@ -13,23 +13,22 @@ its decoder's input and output buffers, vLLM in ``SpecDecodeMetadata``).
 from __future__ import annotations
 
 import numpy as np
-import torch
 
 from strategies.runtime.batch import VerifyStep
-from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.mirrored import Memory, Mirrored
 from strategies.runtime.request import Request
 
 
 class DraftTokens:
     HOST_STATE = ("num_rows", "use_filters", "any_random")  # as RuntimeBuffers'
 
-    def __init__(self, max_batch: int, max_drafts: int, memory: DeviceMemory) -> None:
+    def __init__(self, max_batch: int, max_drafts: int, memory: Memory) -> None:
         self.k = max_drafts
-        self.slots = Mirrored(memory, (max_batch,), torch.int64)  # [R] slot of each verifying request
-        self.drafts = Mirrored(memory, (max_batch, max_drafts), torch.int64)  # [R, K] -1 past a row's drafts
-        self.num_drafts = Mirrored(memory, (max_batch,), torch.int64)  # [R]
+        self.slots = Mirrored(memory, (max_batch,), "int64")  # [R] slot of each verifying request
+        self.drafts = Mirrored(memory, (max_batch, max_drafts), "int64")  # [R, K] -1 past a row's drafts
+        self.num_drafts = Mirrored(memory, (max_batch,), "int64")  # [R]
         # [R, K + 4] K + 1 target tokens, tokens received, finish code, drafts received (device → host)
-        self.out = Mirrored(memory, (max_batch, max_drafts + 4), torch.int64)
+        self.out = Mirrored(memory, (max_batch, max_drafts + 4), "int64")
         self.rows: list[Request] = []  # the request of each row, in order (host only)
         self.positions: list[int] = []  # each row's first position (its last sampled token's), host only
         self.num_rows = 0

@@ -14,11 +14,15 @@ step turns it into the cross KV cache (its own pool, ``cross_kv``, with its own 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.mirrored import Memory, Mirrored
+
+if TYPE_CHECKING:
+    import torch
 
 ID, POSITION = range(2)  # columns of ``tokens``
 
@@ -26,17 +30,17 @@ ID, POSITION = range(2)  # columns of ``tokens``
 class EncoderBuffers:
     HOST_STATE = ("starts", "lens", "cross_lens", "num_tokens", "num_fill", "table_shape")  # as RuntimeBuffers'
 
-    def __init__(self, max_tokens: int, max_rows: int, max_len: int, hidden: int, dtype: torch.dtype,
-                 tokens_per_block: int, memory: DeviceMemory) -> None:
+    def __init__(self, max_tokens: int, max_rows: int, max_len: int, hidden: int, dtype: str,
+                 tokens_per_block: int, memory: Memory) -> None:
         max_blocks = -(-max_len // tokens_per_block)
         self.tokens_per_block = tokens_per_block
-        self.tokens = Mirrored(memory, (max_tokens, 2), torch.int64)  # [E, 2] id, position
+        self.tokens = Mirrored(memory, (max_tokens, 2), "int64")  # [E, 2] id, position
         self.output = memory.zeros((max_tokens, hidden), dtype)  # [E, hidden] each request's encoder output
-        self.fill = Mirrored(memory, (max_tokens,), torch.int64)  # [F] cross page of each output row
-        self.cross_table = Mirrored(memory, (max_rows * max_blocks,), torch.int64)  # [R * Wc] viewed [R, Wc]
+        self.fill = Mirrored(memory, (max_tokens,), "int64")  # [F] cross page of each output row
+        self.cross_table = Mirrored(memory, (max_rows * max_blocks,), "int64")  # [R * Wc] viewed [R, Wc]
         # [R] encoder length of each request row, for the generation rows' cross-attention mask: staged like
         # every other step input (a list turned into a tensor inside the step is a blocking copy on CUDA)
-        self.cross_len = Mirrored(memory, (max_rows,), torch.int64)
+        self.cross_len = Mirrored(memory, (max_rows,), "int64")
         self._arange = np.arange(max_len, dtype=np.int64)
         self.starts: list[int] = []  # host ints: the encoder's segments (they shape its kernels)
         self.lens: list[int] = []

@@ -1,4 +1,4 @@
-"""Host and device memory: where each tensor lives, and the one routine that moves a prefix between them.
+"""Host and device memory on torch: where each tensor lives, and the one routine that moves a prefix between them.
 
 Three arrangements run this same code:
 
@@ -23,7 +23,10 @@ import copy
 import numpy as np
 import torch
 
-MEMORY_MODES = ("shared", "split")
+
+def torch_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """A torch dtype, or a dtype's name as numpy and torch both spell it (the buffers' way, ``mirrored.py``)."""
+    return dtype if isinstance(dtype, torch.dtype) else getattr(torch, dtype)
 
 
 class DeviceMemory:
@@ -39,21 +42,25 @@ class DeviceMemory:
     def mode(self) -> str:
         return "split" if self.split else "shared"
 
-    def host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def host(self, shape: tuple[int, ...], dtype: torch.dtype | str) -> torch.Tensor:
         """A host staging buffer (pinned on CUDA)."""
-        t = torch.zeros(shape, dtype=dtype)
+        t = torch.zeros(shape, dtype=torch_dtype(dtype))
         if self.pinned:
             t = t.pin_memory()
         self._staging.add(t.untyped_storage().data_ptr())
         return t
 
-    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, fill: float = 0) -> torch.Tensor:
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype | str, fill: float = 0) -> torch.Tensor:
         """A device-only tensor (decoder state, KV pools, logits): never seen by the host."""
-        return torch.full(shape, fill, dtype=dtype, device=self.device)
+        return torch.full(shape, fill, dtype=torch_dtype(dtype), device=self.device)
 
     def mirror(self, host: torch.Tensor) -> torch.Tensor:
         """The device twin of a staging buffer: its own tensor when split, the same one when shared."""
         return torch.zeros_like(host, device=self.device) if self.split else host
+
+    def numpy(self, host: torch.Tensor) -> np.ndarray:
+        """A staging buffer's numpy view, for the host to fill and read without torch ops."""
+        return host.numpy()
 
     def place(self, module: torch.nn.Module) -> torch.nn.Module:
         """The device's own copy of the model's weights (split: a copy on the device, CUDA or CPU alike; the
@@ -81,23 +88,3 @@ class DeviceMemory:
             raise RuntimeError("host<->device copy through pageable memory: it would block the host")
         dst.copy_(src, non_blocking=True)
 
-
-class Mirrored:
-    """A host staging tensor, its device twin, and a numpy view for the host to fill without torch ops.
-
-    The host writes rows [0, n) and the device stream uploads them; or the device writes and the stream
-    downloads them for the host to read once the step is waited for. Dim 0 is the one that grows, so a
-    prefix is always one contiguous region.
-    """
-
-    def __init__(self, memory: DeviceMemory, shape: tuple[int, ...], dtype: torch.dtype) -> None:
-        self.memory = memory
-        self.host = memory.host(shape, dtype)
-        self.dev = memory.mirror(self.host)
-        self.np: np.ndarray = self.host.numpy()
-
-    def upload(self, n: int) -> None:
-        self.memory.upload(self.dev, self.host, n)
-
-    def download(self, n: int) -> None:
-        self.memory.download(self.host, self.dev, n)

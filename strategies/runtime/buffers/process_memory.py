@@ -21,7 +21,7 @@ import tempfile
 
 import torch
 
-from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.buffers.memory import DeviceMemory, torch_dtype
 
 # Where staging files live: a memory-backed file system where there is one
 SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -41,7 +41,8 @@ class HostSideMemory(DeviceMemory):
         super().__init__(torch.device("cpu"), split)
         self.staging: list[Staging] = []  # every staging buffer, in allocation order (the device maps them)
 
-    def host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def host(self, shape: tuple[int, ...], dtype: torch.dtype | str) -> torch.Tensor:
+        dtype = torch_dtype(dtype)
         fd, path = tempfile.mkstemp(prefix="slotbench-staging-", dir=SHM_DIR)
         try:
             os.ftruncate(fd, max(1, torch.Size(shape).numel() * dtype.itemsize))
@@ -58,8 +59,8 @@ class HostSideMemory(DeviceMemory):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype, fill: float = 0) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device="meta")  # it lives in the device process
+    def zeros(self, shape: tuple[int, ...], dtype: torch.dtype | str, fill: float = 0) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch_dtype(dtype), device="meta")  # it lives in the device process
 
     def mirror(self, host: torch.Tensor) -> torch.Tensor:
         return torch.empty_like(host, device="meta") if self.split else host
@@ -73,7 +74,8 @@ class DeviceSideMemory(DeviceMemory):
         super().__init__(torch.device("cpu"), split)
         self._given = iter(staging)
 
-    def host(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    def host(self, shape: tuple[int, ...], dtype: torch.dtype | str) -> torch.Tensor:
+        dtype = torch_dtype(dtype)
         given = next(self._given, None)
         if given is None or given[1] != tuple(shape) or given[2] != dtype:
             raise RuntimeError(f"device process: the host's staging buffers do not match the engine's "

@@ -10,12 +10,16 @@ in-flight step from prepare until its outputs are read, which is why overlap kee
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.mirrored import Memory, Mirrored
 from strategies.runtime.request import Request
+
+if TYPE_CHECKING:
+    import torch
 
 ID, POSITION, SLOT, PAGE = range(4)  # columns of ``tokens``
 
@@ -27,17 +31,17 @@ class RuntimeBuffers:
                   "table_shape")
 
     def __init__(self, max_tokens: int, max_batch: int, max_seq_len: int, tokens_per_block: int, vocab_size: int,
-                 memory: DeviceMemory, max_drafts: int = 0) -> None:
+                 memory: Memory, max_drafts: int = 0) -> None:
         max_blocks_per_seq = -(-max_seq_len // tokens_per_block)
         self.max_tokens = max_tokens
         self.max_drafts = max_drafts  # speculative decoding's K: a verifying request samples K + 1 rows
         max_rows = max_batch * (1 + max_drafts)
-        self.tokens = Mirrored(memory, (max_tokens, 4), torch.int64)  # [T, 4] id, position, slot, page
-        self.rows = Mirrored(memory, (max_rows,), torch.int64)  # [B] packed token of each sampled row
+        self.tokens = Mirrored(memory, (max_tokens, 4), "int64")  # [T, 4] id, position, slot, page
+        self.rows = Mirrored(memory, (max_rows,), "int64")  # [B] packed token of each sampled row
         # [R * W] flat, viewed as [R, W] for the step's R requests and W widest row, so that the upload
         # is one contiguous prefix however wide this step's rows are.
-        self.block_table = Mirrored(memory, (max_batch * max_blocks_per_seq,), torch.int64)
-        self.logits = memory.zeros((max_rows, vocab_size), torch.float32)  # [B, V]
+        self.block_table = Mirrored(memory, (max_batch * max_blocks_per_seq,), "int64")
+        self.logits = memory.zeros((max_rows, vocab_size), "float32")  # [B, V]
         self.tokens_per_block = tokens_per_block
         self._arange = np.arange(max_seq_len, dtype=np.int64)
         # Segment metadata travels as host ints: the context loop needs them to shape its kernels.

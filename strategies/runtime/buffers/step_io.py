@@ -11,9 +11,8 @@ one iteration only, beside the persistent decoder state; a strategy may hold sev
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
+from strategies.runtime.buffers.mirrored import Memory, Mirrored
 from strategies.runtime.request import Request
 
 ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, early_stopping, prompt_len; stop ids
@@ -22,19 +21,19 @@ ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, ea
 class StepIO:
     HOST_STATE = ("num_rows", "num_admit", "num_single", "groups", "use_filters", "any_random")  # as RuntimeBuffers'
 
-    def __init__(self, max_batch: int, max_stop_ids: int, memory: DeviceMemory, slot_modes: np.ndarray) -> None:
+    def __init__(self, max_batch: int, max_stop_ids: int, memory: Memory, slot_modes: np.ndarray) -> None:
         self.max_stop_ids = max_stop_ids
         # [S, 2] per slot: its request uses top-k/p/min-p filters, samples at random. Set at admission, read
         # per step as one gather (an any() over ~250 requests cost the host ~15 us a step). Shared by an
         # engine's buffer sets: a slot's flags change only when a new request takes it, which no set still
         # being prepared can hold a row of.
         self.slot_modes = slot_modes
-        self.slots = Mirrored(memory, (max_batch,), torch.int64)  # [R] slot of each request with an output
-        self.admit = Mirrored(memory, (max_batch, ADMIT_INTS + max_stop_ids), torch.int64)  # [A, 7 + M]
+        self.slots = Mirrored(memory, (max_batch,), "int64")  # [R] slot of each request with an output
+        self.admit = Mirrored(memory, (max_batch, ADMIT_INTS + max_stop_ids), "int64")  # [A, 7 + M]
         # [A, 4] temperature, top_p, min_p, length_penalty
-        self.admit_f = Mirrored(memory, (max_batch, 4), torch.float32)
+        self.admit_f = Mirrored(memory, (max_batch, 4), "float32")
         # [R, 2] per request: its token (beam 0's for a beam request), finish code (device → host)
-        self.out = Mirrored(memory, (max_batch, 2), torch.int64)
+        self.out = Mirrored(memory, (max_batch, 2), "int64")
         self.rows: list[Request] = []  # the request of each output, in order (host only)
         # [R] the key of each output's slot when the step was prepared (host only; set at launch from the
         # strategy's progress book, whose ``hand_out`` gives a token there only to the tenure that asked for it)

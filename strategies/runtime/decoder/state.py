@@ -21,11 +21,6 @@ from strategies.runtime.decoder.accept import accept_drafts
 from strategies.runtime.decoder.beam_search import beam_step
 from strategies.runtime.decoder.sampler import sample
 
-# Finish codes the device writes; the host maps them to reasons. DISCARDED marks a row computed for a
-# request the device already knew to be finished (overlap's one extra step; static's padding rows).
-CONTINUE, STOP, LENGTH, DISCARDED = 0, 1, 2, -1
-FINISH_REASONS = {STOP: "stop", LENGTH: "length"}
-
 
 class DecoderState:
     def __init__(self, num_slots: int, max_stop_ids: int, memory: DeviceMemory, max_beam: int = 1,

@@ -12,8 +12,6 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
 
 def machine_threads() -> int:
     """Every CPU this process may run on (its affinity mask, not the machine's core count)."""
@@ -29,6 +27,8 @@ def resolve_threads(threads: int) -> int:
 def compute_budget(threads: int, switch_interval_s: float | None = None) -> Iterator[int]:
     """Run the block with ``resolve_threads(threads)`` torch threads (and a switch interval, if given);
     yields the thread count; restores both on the way out, also after an exception."""
+    import torch  # here, not above: the thread helpers above serve processes that never import torch
+
     old_threads, old_interval = torch.get_num_threads(), sys.getswitchinterval()
     n = resolve_threads(threads)
     torch.set_num_threads(n)

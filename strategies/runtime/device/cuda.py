@@ -23,6 +23,7 @@ from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece, ho
 class CudaStream(DeviceStream):
     def __init__(self, clock: Clock, nvtx: Nvtx, device: torch.device) -> None:
         super().__init__(clock, nvtx, DeviceMemory(device, split=True))
+        self.device = device
         self.stream = torch.cuda.Stream(device=device)
         # Device times are mapped onto the run clock through one reference event, kept as a raw
         # perf_counter() reading taken after the event completed (so mapped times are never early): the

@@ -1,15 +1,11 @@
 """The device stream a run asks for: the CPU as a device process or a thread (shared or split memory), or a
-CUDA stream."""
+CUDA stream. Each is imported when a run asks for it: they import torch, which a simulated run never does
+(``buffers/sim_memory.py``), and strategies.config reads ``CPU_DEVICES`` from here."""
 
 from __future__ import annotations
 
-import torch
-
 from strategies.runtime.device.clock import Clock
-from strategies.runtime.device.cpu_worker import CpuWorkerStream
-from strategies.runtime.device.cuda import CudaStream
 from strategies.runtime.device.nvtx import Nvtx
-from strategies.runtime.device.process import ProcessStream
 from strategies.runtime.device.stream import DeviceStream
 
 CPU_DEVICES = ("process", "thread")  # --cpu-device
@@ -22,9 +18,17 @@ def make_stream(device: str, clock: Clock, nvtx: Nvtx, threads: int = 1, memory:
     debugger or a test)."""
     if device == "cpu":
         if cpu_device == "process":
+            from strategies.runtime.device.process import ProcessStream
+
             return ProcessStream(clock, nvtx, threads=threads, split=memory == "split")
+        from strategies.runtime.device.cpu_worker import CpuWorkerStream
+
         return CpuWorkerStream(clock, nvtx, threads=threads, split=memory == "split")
     if device.startswith("cuda"):
+        import torch
+
+        from strategies.runtime.device.cuda import CudaStream
+
         if not torch.cuda.is_available():
             raise ValueError(f"--device {device}: CUDA is not available on this machine")
         return CudaStream(clock, nvtx, torch.device(device))

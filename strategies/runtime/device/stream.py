@@ -24,12 +24,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import torch
-
-from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.buffers.mirrored import Memory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
+
+if TYPE_CHECKING:
+    import torch
 
 # (name, callable, arguments): an engine method (arguments: ints, a BufferSet) or a module-level function
 Piece = tuple[str, Callable[..., None], tuple]
@@ -69,14 +71,12 @@ class DeviceWork:
 
 
 class DeviceStream:
-    device: torch.device
-    memory: DeviceMemory
+    memory: Memory
 
-    def __init__(self, clock: Clock, nvtx: Nvtx, memory: DeviceMemory) -> None:
+    def __init__(self, clock: Clock, nvtx: Nvtx, memory: Memory) -> None:
         self.clock = clock
         self.nvtx = nvtx
         self.memory = memory
-        self.device = memory.device
         self.is_ready = False
         self.failure: BaseException | None = None  # the first piece that raised: the stream is poisoned
 

@@ -17,30 +17,33 @@ host halves, asynchronous copies), on CPU split memory and in a CPU device proce
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
-from strategies.runtime.buffers.memory import DeviceMemory, Mirrored
-from strategies.runtime.kv_transfer.gloo_link import GlooLink
+from strategies.runtime.buffers.mirrored import Memory, Mirrored
 from strategies.runtime.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from strategies.runtime.kv_transfer.gloo_link import GlooLink
 
 
 def block_bytes(cfg: ModelConfig, tokens_per_block: int) -> int:
     """Bytes of one KV block: keys and values of every layer and KV head."""
-    itemsize = torch.empty((), dtype=cfg.torch_dtype).element_size()
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * tokens_per_block * cfg.head_dim * itemsize
+    return cfg.kv_bytes_per_token * tokens_per_block
 
 
 class KVStaging:
-    def __init__(self, cfg: ModelConfig, capacity: int, tokens_per_block: int, memory: DeviceMemory) -> None:
+    def __init__(self, cfg: ModelConfig, capacity: int, tokens_per_block: int, memory: Memory) -> None:
         self.capacity = capacity  # blocks one chunk moves
         self.memory = memory
-        self.blocks = Mirrored(memory, (capacity,), torch.int64)  # [C] pool block of each staged block
+        self.blocks = Mirrored(memory, (capacity,), "int64")  # [C] pool block of each staged block
         shape = (capacity, 2, cfg.num_hidden_layers, cfg.num_key_value_heads, tokens_per_block, cfg.head_dim)
         # no numpy view (Mirrored's): numpy has no bfloat16, and the host only ever copies it whole
-        self.host = memory.host(shape, cfg.torch_dtype)  # [C, 2 (k, v), L, Hkv, T, D]
+        self.host = memory.host(shape, cfg.dtype)  # [C, 2 (k, v), L, Hkv, T, D]
         self.dev = memory.mirror(self.host)  # [C, 2, L, Hkv, T, D]
 
-        self.received = Mirrored(memory, (1,), torch.int64)  # [1] 1: the last receive's blocks arrived
+        self.received = Mirrored(memory, (1,), "int64")  # [1] 1: the last receive's blocks arrived
         self.link: GlooLink | None = None  # device processes: this engine's end of the link (gloo_link.py)
 
     def send(self, n: int, k: torch.Tensor, v: torch.Tensor, peer: int | None) -> None:

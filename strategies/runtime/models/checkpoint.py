@@ -1,16 +1,17 @@
 """Load a local Hugging Face checkpoint (``config.json`` + ``*.safetensors``): Llama-style decoders, and
-BART encoder–decoders. Never pickle."""
+BART encoder–decoders. Never pickle. Reading a config imports no torch (the simulated device reads the
+same configs, ``sim/specs.py``, and never imports it); loading weights does."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
-from safetensors.torch import load_file
+from typing import TYPE_CHECKING
 
 from strategies.runtime.models.config import PRESETS, ModelConfig
-from strategies.runtime.models.llama import LlamaModel
+
+if TYPE_CHECKING:
+    import torch
 
 _DTYPES = ("float32", "float64", "bfloat16", "float16")
 _SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
@@ -89,6 +90,10 @@ def resolve_model_config(name_or_path: str) -> ModelConfig:
 
 def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | str = "cpu") -> torch.nn.Module:
     """Weights from every ``*.safetensors`` file in ``path``; names as Hugging Face saves them."""
+    from safetensors.torch import load_file
+
+    from strategies.runtime.models.llama import LlamaModel
+
     path = Path(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -114,6 +119,8 @@ def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | s
 
 def _load_bart(path: Path, cfg: ModelConfig, state: dict[str, torch.Tensor],
                device: torch.device | str) -> torch.nn.Module:
+    import torch
+
     from strategies.runtime.models.bart import BartModel
 
     for tied in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight", "lm_head.weight"):

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-_DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16,
-           "float16": torch.float16}
+_DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # the dtypes a model may have
 
 
 ARCHITECTURES = ("llama", "bart")
@@ -53,8 +54,8 @@ class ModelConfig:
             raise ValueError("model config: head_dim must be even for RoPE")
         if self.is_encoder_decoder and self.encoder_layers <= 0:
             raise ValueError("model config: an encoder–decoder model needs encoder_layers > 0")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"model config: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.dtype not in _DTYPE_BYTES:
+            raise ValueError(f"model config: dtype must be one of {sorted(_DTYPE_BYTES)}, got {self.dtype!r}")
         if not 0 <= self.eos_token_id < self.vocab_size:
             raise ValueError("model config: eos_token_id must be inside the vocabulary")
 
@@ -68,7 +69,9 @@ class ModelConfig:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
+        import torch  # here, not above: a simulated run reads configs and never imports torch
+
+        return getattr(torch, self.dtype)
 
     @property
     def num_parameters(self) -> int:
@@ -85,7 +88,7 @@ class ModelConfig:
     @property
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one token in every layer."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * self.torch_dtype.itemsize
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * _DTYPE_BYTES[self.dtype]
 
     def with_dtype(self, dtype: str) -> ModelConfig:
         return replace(self, dtype=dtype)

@@ -9,6 +9,7 @@ forward runs as one scripted call.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -189,3 +190,10 @@ def build_model(cfg: ModelConfig, device: torch.device | str = "cpu") -> nn.Modu
         if cfg.tie_word_embeddings:
             model.lm_head.weight = model.embed_tokens.weight
     return model.to(device=device, dtype=cfg.torch_dtype).eval().requires_grad_(False)
+
+
+def script_model(model: nn.Module) -> torch.nn.Module:
+    """The model as one TorchScript module, so that its forward runs as one GIL-free call."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.jit.script(model)

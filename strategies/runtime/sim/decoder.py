@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from strategies.runtime.buffers.step_io import ADMIT_INTS
-from strategies.runtime.decoder.state import CONTINUE, DISCARDED, LENGTH, STOP
+from strategies.runtime.decoder.finish import CONTINUE, DISCARDED, LENGTH, STOP
 
 _MUL, _GOLDEN = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x9E3779B97F4A7C15)
 _S30, _S31 = np.uint64(30), np.uint64(31)

@@ -13,9 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
-from strategies.runtime.buffers.memory import DeviceMemory
+from strategies.runtime.buffers.sim_memory import SimMemory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece
@@ -66,7 +64,7 @@ class VirtualClock(Clock):
 class SimStream(DeviceStream):
     def __init__(self, clock: VirtualClock, nvtx: Nvtx, launch_latency_s: float = 0.0,
                  sync_latency_s: float = 0.0) -> None:
-        super().__init__(clock, nvtx, DeviceMemory(torch.device("cpu"), split=False))
+        super().__init__(clock, nvtx, SimMemory())
         self.clock: VirtualClock = clock
         self.launch_latency_s = launch_latency_s
         self.sync_latency_s = sync_latency_s

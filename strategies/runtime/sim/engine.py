@@ -4,8 +4,9 @@ cheap rule (``sim/decoder.py``) — no forward, no sampler, no KV."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from strategies.runtime.batch import BatchWork, ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
@@ -16,6 +17,9 @@ from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request
 from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.decoder import SimDecoder
+
+if TYPE_CHECKING:
+    import torch
 
 SIM_VOCAB = 512
 SAMPLE_FRACTION = 0.02  # share of a step's time shown as "sample" in the records
@@ -35,17 +39,17 @@ def _nothing() -> None:
 
 
 class SimEngine(Engine):
-    def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream, *, cost: CostModel, stages: int = 1,
+    def __init__(self, cfg: ModelConfig, model: torch.nn.Module | None, stream, *, cost: CostModel, stages: int = 1,
                  acceptance_rate: float = 0.0, draft_cost: CostModel | None = None, **kwargs) -> None:
         self.cost_model = cost
         self.draft_cost = draft_cost  # speculative decoding with a draft model: the draft's cost model
         self.acceptance_rate = acceptance_rate  # speculative decoding: the forced acceptance (sim/decoder.py)
         self.stages = stages  # pipeline stages the simulated device is split into
-        super().__init__(cfg, torch.nn.Module(), stream, **kwargs)
+        super().__init__(cfg, None, stream, **kwargs)  # no weights: nothing is computed
         if cfg.is_encoder_decoder:  # the host fills encoder buffers as on a real device; nothing computes them
             for bufs in self.buffer_sets:
                 bufs.encoder = EncoderBuffers(kwargs["max_tokens"], kwargs["max_batch"], kwargs["max_seq_len"],
-                                              cfg.hidden_size, cfg.torch_dtype, kwargs["tokens_per_block"],
+                                              cfg.hidden_size, cfg.dtype, kwargs["tokens_per_block"],
                                               stream.memory)
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> None:

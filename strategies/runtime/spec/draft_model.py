@@ -25,10 +25,10 @@ import torch
 
 from strategies.runtime.batch import ContextChunk, ScheduledBatch, VerifyStep
 from strategies.runtime.device.stream import DeviceStream
-from strategies.runtime.engine import Engine, script_model
+from strategies.runtime.engine import Engine
 from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.models.config import PRESETS, ModelConfig
-from strategies.runtime.models.llama import build_model
+from strategies.runtime.models.llama import build_model, script_model
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 
