@@ -49,7 +49,7 @@ def test_200_request_run(benchmark, tmp_path):
     benchmark(lambda: None)  # a figure, not a pytest-benchmark timing
     seconds, _ = _best_run(RUN_200, tmp_path)
     print(f"\n200-request simulated run, whole command: {seconds:.2f} s (goal 3 s)")
-    assert seconds <= 5.0
+    assert seconds <= 4.0  # 2.2-2.8 s without torch's import (tests/test_sim_memory.py), 3.5-4.2 s with it
 
 
 @pytest.mark.speed
