@@ -39,7 +39,7 @@ from harness.options import RunOptions
 from harness.output.rejections import rejection_note
 from harness.output.run_files import write_run_files
 from harness.output.strategy_dir import write_strategy
-from harness.runner import StrategyRun, build_requests, run_strategy
+from harness.runner import StrategyRun, build_requests, request_ids, run_strategy
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
 from reports.run_data import StrategyFrames
@@ -188,6 +188,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     prepare_out(out, force)
     trace = make_trace(opts)
+    request_ids(trace.requests)  # refused here, before anything is written, if a generated id is a given one
     for note in trace.notes:
         log(f"note: {trace.source}: {note}")
     if trace.skipped:

@@ -52,7 +52,7 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
     built with its own prompt; its history is prepended when it is sent (harness/source.py)."""
     prompts = PromptBuilder(vocab_size, seed)
     out = []
-    for i, t in enumerate(trace):
+    for i, (t, rid) in enumerate(zip(trace, request_ids(trace, prefix), strict=True)):
         fits = max_seq_len is None or t.input_tokens + t.output_tokens <= max_seq_len
         prompt = prompts.prompt(t) if fits else None
         overrides = dict(t.sampling or {})
@@ -65,11 +65,25 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
         try:
             sampling = replace(defaults, **overrides)
         except ValueError as exc:
-            raise UserError(f"request {t.request_id or f'{prefix}{i}'}: {exc}") from None
+            raise UserError(f"request {rid}: {exc}") from None
         encoder = prompts.encoder_prompt(t) if fits else None
-        out.append(Request(t.request_id or f"{prefix}{i}", prompt, t.output_tokens, sampling, arrival_s=t.arrival_s,
+        out.append(Request(rid, prompt, t.output_tokens, sampling, arrival_s=t.arrival_s,
                            num_prompt_tokens=t.input_tokens, encoder_prompt_token_ids=encoder,
                            session_id=t.session_id, turn=t.turn, turn_delay_s=t.delay_s))
+    return out
+
+
+def request_ids(trace: list[TraceRequest] | tuple[TraceRequest, ...], prefix: str = "") -> list[str]:
+    """Each request's id: the trace line's own, or ``prefix`` + its index. Tokens and metrics are kept per
+    id, so an index that is another line's id is refused (the loader already refuses a repeated given id)."""
+    given = {t.request_id for t in trace if t.request_id}
+    out = []
+    for i, t in enumerate(trace):
+        rid = t.request_id or f"{prefix}{i}"
+        if not t.request_id and rid in given:
+            raise UserError(f"trace request {i} has no request_id, and the one slotbench would give it, {rid!r}, is "
+                            "another line's: give every line a request_id, or none")
+        out.append(rid)
     return out
 
 

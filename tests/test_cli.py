@@ -135,6 +135,25 @@ def test_bad_trace_row_names_file_and_line(tmp_path):
     assert p.returncode == 2 and f"{trace}:2: input_tokens: -5 is not a positive token count" in p.stderr
 
 
+def test_a_generated_request_id_that_is_another_lines_id_is_refused(tmp_path):
+    """Line 2 has no id, so slotbench would call it "1" (its index), which line 1 is called: the metrics,
+    kept per id, would merge the two requests' token times. One line, exit 2, no run directory; with the
+    clash removed the same trace runs."""
+    trace = tmp_path / "t.jsonl"
+    line = '{{"arrival_s": {t}, "input_tokens": 5, "output_tokens": 2{rid}}}\n'
+    trace.write_text(line.format(t=0, rid=', "request_id": "1"') + line.format(t=1, rid=""))
+    p = slotbench("run", "--device", "sim", "--trace", str(trace), "--out", str(tmp_path / "x"))
+    assert p.returncode == 2, p.stderr
+    assert "trace request 1 has no request_id, and the one slotbench would give it, '1', is another line's" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+    assert not (tmp_path / "x").exists()
+    trace.write_text(line.format(t=0, rid=', "request_id": "a"') + line.format(t=1, rid=""))
+    ok = slotbench("run", "--device", "sim", "--trace", str(trace), "--out", str(tmp_path / "y"), "--no-progress")
+    assert ok.returncode == 0, ok.stderr
+    ids = pd.read_parquet(tmp_path / "y" / "inflight" / "requests.parquet")["request_id"].tolist()
+    assert sorted(ids) == ["1", "a"]
+
+
 def test_trace_info(tmp_path):
     trace = tmp_path / "t.jsonl"
     trace.write_text("".join(f'{{"timestamp": {i * 500}, "input_length": {10 + i}, "output_length": 3}}\n'
