@@ -87,4 +87,3 @@ class DeviceMemory:
         if self.pinned and not host.is_pinned():
             raise RuntimeError("host<->device copy through pageable memory: it would block the host")
         dst.copy_(src, non_blocking=True)
-
