@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from strategies.config import ExecutorConfig
 from strategies.interface import Executor, ExecutorStalled, RequestSource
+from strategies.running import RunningRequests
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.slots import SlotManager, SlotTenure
@@ -70,7 +71,7 @@ class Strategy(Executor):
         self.cross_kv = BlockManager(c.total_cross_kv_blocks, c.tokens_per_block, c.max_batch_size,
                                      c.max_blocks_per_seq) if model_cfg.is_encoder_decoder else None
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # admission order
+        self.running = RunningRequests(c.max_batch_size)  # admission order, each request's slot beside it
         self._admissions = 0
         self._scheduling = -1  # the iteration whose schedule runs now (admissions start their slot tenure there)
         self._last_scheduled = -1  # the last iteration scheduled with work: a release's last computed step
@@ -97,8 +98,7 @@ class Strategy(Executor):
         return self.slots.tenures
 
     def _local_engine(self, sizes: dict, cfg: ModelConfig | None = None, model: torch.nn.Module | None = None) -> tuple:
-        """(stream, engine) of a device this process drives (the CPU worker or a CUDA stream), for the
-        strategy's model or another one (a draft model's engine)."""
+        """(stream, engine) of a device this process drives, for the strategy's model or a draft model's."""
         c, cfg, model = self.config, cfg or self.model_cfg, self.model if model is None else model
         stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory, c.cpu_device)
         try:

@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from strategies.config import ExecutorConfig
+from strategies.running import RunningRequests
 from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.progress import COMPUTED, MAX_NEW, MIN_ARRAY_ROWS, SCHEDULED, TARGET, SlotProgress
@@ -105,7 +106,8 @@ class IterationScheduler:
         assert book is not None
         counters, held = book.counters, kv.held_blocks
         if len(running) >= MIN_ARRAY_ROWS:
-            slots = np.fromiter([r.slot for r in running], np.int64, len(running))  # [N]
+            slots = running.slots if isinstance(running, RunningRequests) else \
+                np.fromiter([r.slot for r in running], np.int64, len(running))  # [N] (a pipeline's selection)
             c = counters[slots]  # [N, 6]
             computed = c[:, COMPUTED]  # [N]
             decoding = computed >= c[:, TARGET]  # [N]

@@ -1,0 +1,53 @@
+"""The running list's slots array (``strategies/running.py``) against the requests' own slots."""
+
+import random
+
+import numpy as np
+import pytest
+
+from strategies.running import RunningRequests
+from strategies.runtime.request import Request
+from strategies.runtime.sampling_params import SamplingParams
+
+
+def _request(i: int, slot: int) -> Request:
+    r = Request(f"r{i}", np.array([1, 2, 3]), 4, SamplingParams())
+    r.slot = slot
+    return r
+
+
+def test_the_slots_follow_appends_and_removes_anywhere_in_the_list():
+    """2,000 random appends (a free slot each), removes (any position: finishes, preemptions) and clears:
+    after each, ``slots`` equals the slot read from every request in list order."""
+    rng = random.Random(0)
+    running, free, made = RunningRequests(16), list(range(16)), 0
+    for _ in range(2000):
+        op = rng.random()
+        if op < 0.5 and free:
+            r = _request(made, free.pop(rng.randrange(len(free))))
+            made += 1
+            running.append(r)
+        elif op < 0.98 and running:
+            r = rng.choice(running)
+            running.remove(r)
+            free.append(r.slot)
+        elif op >= 0.98:
+            free += [r.slot for r in running]
+            running.clear()
+        assert running.slots.tolist() == [r.slot for r in running]
+    assert made > 500
+
+
+def test_only_append_remove_and_clear_change_it():
+    running = RunningRequests(4)
+    a, b = _request(0, 2), _request(1, 0)
+    running.append(a)
+    running.append(b)
+    for change in (lambda: running.insert(0, b), lambda: running.pop(), lambda: running.extend([a]),
+                   lambda: running.sort(key=id), running.reverse, lambda: running.__setitem__(0, b),
+                   lambda: running.__delitem__(0), lambda: running.__iadd__([a])):
+        with pytest.raises(TypeError, match="append, remove and clear"):
+            change()
+    assert list(running) == [a, b] and running.slots.tolist() == [2, 0]
+    running.remove(a)
+    assert list(running) == [b] and running.slots.tolist() == [0]
