@@ -18,7 +18,7 @@ import pandas as pd
 
 from harness.errors import UserError
 from reports.tables import acceptance_by_position
-from reports.token_times import flatten, gaps
+from reports.token_times import TokenTimes
 
 GOODPUT_METRICS = ("ttft", "tpot", "e2el")
 
@@ -52,20 +52,6 @@ def parse_goodput(items: list[str] | None) -> dict[str, float] | None:
     return slo
 
 
-def flat_token_times(token_times: dict[str, list[float]],
-                     request_ids: pd.Series | list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """The token times of ``request_ids``, in order, as one array [N], and each request's count [R]."""
-    return flatten([token_times.get(rid, ()) for rid in request_ids])
-
-
-def token_gaps(token_times: dict[str, list[float]],
-               request_ids: pd.Series | list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Every inter-token gap (seconds) of ``request_ids``, in order, as one array, and each request's count
-    (its tokens less one, 0 without tokens)."""
-    flat, counts = flat_token_times(token_times, request_ids)
-    return gaps(flat, counts), np.maximum(counts - 1, 0)
-
-
 def percentile_name(p: float) -> str:
     return f"{p:g}".replace(".", "_")
 
@@ -81,9 +67,12 @@ def _stats(name: str, values_ms: np.ndarray, percentiles: tuple[float, ...]) -> 
     return out
 
 
-def request_metrics(requests: pd.DataFrame, token_times: dict[str, list[float]],
+def request_metrics(requests: pd.DataFrame, token_times: TokenTimes,
                     percentiles: tuple[float, ...] = (90, 99), goodput: dict[str, float] | None = None) -> dict:
-    done = requests[requests["status"] == "finished"]
+    """vLLM's request metrics of ``requests`` (requests.parquet's columns); ``token_times``: its rows', in
+    row order (``TokenTimes.of(tokens, requests["request_id"])``)."""
+    finished = (requests["status"] == "finished").to_numpy()
+    done = requests[finished]
     out: dict[str, float | int] = {
         "completed": len(done),
         "rejected": int((requests["status"] == "rejected").sum()),
@@ -106,7 +95,7 @@ def request_metrics(requests: pd.DataFrame, token_times: dict[str, list[float]],
     n_out = done["output_tokens"].to_numpy()
     multi = n_out > 1
     tpot = (e2el[multi] - ttft[multi]) / (n_out[multi] - 1)
-    itl_all = token_gaps(token_times, done["request_id"])[0] * 1e3
+    itl_all = token_times.gaps(finished) * 1e3
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl_all), ("e2el", e2el)):
         out.update(_stats(name, values, percentiles))
     if "kv_transfer_ms" in done and done["kv_transfer_ms"].notna().any():

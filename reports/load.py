@@ -32,23 +32,25 @@ def load_run(path: Path, name: str | None = None, frames: dict[str, StrategyFram
         d = path / str(strategy)
         if not d.is_dir():
             continue
+        if (d / "slices.csv").is_file():  # written with --slice-duration
+            data.slices[strategy] = pd.read_csv(d / "slices.csv")
         held = (frames or {}).get(strategy)
         if held is not None:
             data.requests[strategy], data.iterations[strategy] = held.requests, held.iterations
             data.slots[strategy] = held.slots
-            ids, times = list(held.token_times), list(held.token_times.values())
-        else:
-            data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
-            data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
-            if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
-                data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
-            with open(d / "tokens.jsonl", "rb") as f:
-                lines = [orjson.loads(line) for line in f]
-            ids, times = [obj["request_id"] for obj in lines], [obj["times_s"] for obj in lines]
-        if (d / "slices.csv").is_file():  # written with --slice-duration
-            data.slices[strategy] = pd.read_csv(d / "slices.csv")
-        finished = set(data.requests[strategy].query("status == 'finished'")["request_id"])
-        data.token_times[strategy], data.itl_ms[strategy] = _token_arrays(ids, times, finished)
+            finished = (held.requests["status"] == "finished").to_numpy()  # [R], the token times' rows
+            data.token_times[strategy] = held.token_times.flat
+            data.itl_ms[strategy] = held.token_times.gaps(finished) * 1e3
+            continue
+        data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
+        data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
+        if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
+            data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
+        with open(d / "tokens.jsonl", "rb") as f:
+            lines = [orjson.loads(line) for line in f]
+        ids, times = [obj["request_id"] for obj in lines], [obj["times_s"] for obj in lines]
+        done = set(data.requests[strategy].query("status == 'finished'")["request_id"])
+        data.token_times[strategy], data.itl_ms[strategy] = _token_arrays(ids, times, done)
     return data
 
 

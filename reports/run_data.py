@@ -8,6 +8,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from reports.token_times import TokenTimes
+
 
 @dataclass
 class StrategyFrames:
@@ -18,7 +20,7 @@ class StrategyFrames:
     requests: pd.DataFrame  # requests.parquet's columns
     iterations: pd.DataFrame  # iterations.parquet's columns
     slots: pd.DataFrame  # slots.parquet's columns
-    token_times: dict[str, list[float]]  # request_id → its tokens' times (tokens.jsonl's times_s), in file order
+    token_times: TokenTimes  # the token times of ``requests``' rows, in row order (tokens.jsonl's times_s)
 
 
 @dataclass

@@ -5,7 +5,8 @@ per-request calls). The gaps are the same floats as each request's own ``np.diff
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -24,3 +25,27 @@ def gaps(flat: np.ndarray, counts: np.ndarray, among: np.ndarray | None = None) 
     keep = np.ones(len(flat), bool) if among is None else np.repeat(among, counts)  # [N] by its gap's later end
     keep[(np.cumsum(counts) - counts)[counts > 0]] = False  # a list's first time ends no gap
     return np.diff(flat)[keep[1:]]
+
+
+@dataclass(frozen=True)
+class TokenTimes:
+    """The token times of a requests frame's rows, flattened once: what a run's metrics, its vLLM result file
+    and its report each read (each flattening the 2.5 million times of a 10,000-request run on its own took
+    ~0.09 s apiece)."""
+
+    flat: np.ndarray  # [N] every token's time, the frame's requests in row order, each's tokens in order
+    counts: np.ndarray  # [R] each request's token count
+
+    @classmethod
+    def of(cls, times: Mapping[str, Sequence[float]], request_ids: Iterable[str]) -> TokenTimes:
+        """``times`` (request id → its tokens' times) of ``request_ids``, in that order; an id without times
+        has none."""
+        return cls(*flatten([times.get(rid, ()) for rid in request_ids]))
+
+    def tokens(self, rows: np.ndarray) -> np.ndarray:
+        """[M] the times of the requests where ``rows`` [R] (bool) is true, in order."""
+        return self.flat[np.repeat(rows, self.counts)]
+
+    def gaps(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """The gaps within each request (of those where ``rows`` is true), in order."""
+        return gaps(self.flat, self.counts, rows)

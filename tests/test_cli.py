@@ -12,6 +12,7 @@ import pytest
 
 from harness.metrics import request_metrics
 from harness.output.records import read_tokens
+from reports.token_times import TokenTimes
 from tests.util import wait_for_progress
 
 pytestmark = pytest.mark.xdist_group("cli")  # one worker: its module fixture is built once
@@ -59,7 +60,8 @@ def test_summary_is_recomputable_from_requests_and_tokens(run_dir):
     for _, row in summary.iterrows():
         req = pd.read_parquet(run_dir / row["strategy"] / "requests.parquet")
         tokens = read_tokens((run_dir / row["strategy"] / "tokens.jsonl").read_text())
-        again = request_metrics(req, tokens, (50, 90, 99.9), {"ttft": 500.0, "tpot": 50.0})
+        again = request_metrics(req, TokenTimes.of(tokens, req["request_id"]), (50, 90, 99.9),
+                                {"ttft": 500.0, "tpot": 50.0})
         for key, value in again.items():
             assert row[key] == pytest.approx(value, rel=1e-9, nan_ok=True), key
         # and by hand, from first principles, for a few of them

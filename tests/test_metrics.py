@@ -6,8 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from harness.metrics import engine_metrics, host_hidden_fraction, token_gaps
+from harness.metrics import engine_metrics, host_hidden_fraction
 from harness.output.records import iterations_frame
+from reports.token_times import TokenTimes
 from strategies.config import ExecutorConfig
 from strategies.runtime.sampling_params import SamplingParams
 from tests.util import TINY64, make_requests, run_strategy, tiny_models
@@ -63,12 +64,16 @@ def test_overlap_hides_host_time():
 
 def test_token_gaps_are_each_requests_own_gaps():
     """One diff over every request's times, cut at request boundaries: against a diff per request, with
-    requests of no token, one token, and a request id with no times at all."""
+    requests of no token, one token, and a request id with no times at all; and of a selection of them."""
     rng = np.random.default_rng(3)
     times = {f"r{i}": np.cumsum(rng.random(int(n))).tolist() for i, n in enumerate(rng.integers(0, 6, 40))}
     ids = [*times, "absent"]
-    gaps, counts = token_gaps(times, ids)
+    tt = TokenTimes.of(times, ids)
     per_request = [np.diff(np.asarray(times.get(r, ()), float)) for r in ids]
-    assert counts.tolist() == [len(g) for g in per_request]
-    assert np.array_equal(gaps, np.concatenate(per_request))
-    assert token_gaps({}, ["a"])[0].shape == (0,) and token_gaps({}, [])[1].shape == (0,)
+    assert tt.counts.tolist() == [len(times.get(r, ())) for r in ids]
+    assert np.array_equal(tt.gaps(), np.concatenate(per_request))
+    rows = rng.random(len(ids)) < 0.5
+    kept = [i for i, keep in enumerate(rows) if keep]
+    assert np.array_equal(tt.gaps(rows), np.concatenate([per_request[i] for i in kept]))
+    assert tt.tokens(rows).tolist() == [t for i in kept for t in times.get(ids[i], ())]
+    assert TokenTimes.of({}, ["a"]).gaps().shape == (0,) and TokenTimes.of({}, []).counts.shape == (0,)

@@ -16,6 +16,7 @@ from harness.metrics import request_metrics
 from harness.output.records import requests_frame
 from harness.runner import build_requests, run_strategy
 from harness.traces.trace import TraceRequest
+from reports.token_times import TokenTimes
 from strategies.config import ExecutorConfig
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.sampling_params import SamplingParams
@@ -49,7 +50,9 @@ def test_every_request_ends_once_and_runs_are_deterministic(rows, max_batch, pol
             # exactly one terminal status each, reported exactly once
             assert sorted(r.request_id for r in ended) == sorted(r.request_id for r in reqs)
             assert all(r.status.terminal and r.finish_reason for r in reqs)
-            summary = request_metrics(requests_frame(reqs), {r.request_id: r.token_times_s for r in reqs})
+            frame = requests_frame(reqs)
+            summary = request_metrics(frame, TokenTimes.of({r.request_id: r.token_times_s for r in reqs},
+                                                           frame["request_id"]))
             assert summary["completed"] + summary["rejected"] + summary["failed"] == len(rows)
             runs.append(run)
         a, b = runs

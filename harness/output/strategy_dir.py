@@ -17,9 +17,10 @@ from harness.output.timeline import chrome_trace
 from harness.output.vllm_bench import vllm_result
 from harness.runner import StrategyRun
 from reports.run_data import StrategyFrames
+from reports.token_times import TokenTimes
 
 
-def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: dict[str, list[float]],
+def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: TokenTimes,
                 opts: RunOptions) -> dict:
     row = {"strategy": run.name, "status": "ok" if run.error is None else "stopped", "error": run.error or ""}
     row.update(request_metrics(req_df, tokens, opts.percentiles, opts.goodput_slo))
@@ -36,6 +37,7 @@ def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> tuple[d
     it_df = iterations_frame(run.records)
     slots_df = slots_frame(run.tenures)
     tokens = {r.request_id: r.token_times_s for r in run.requests}
+    flat = TokenTimes.of(tokens, req_df["request_id"])  # once, for the metrics, vLLM's file and the report
     atomic_write_parquet(d / "requests.parquet", req_df)
     atomic_write_parquet(d / "iterations.parquet", it_df)
     atomic_write_parquet(d / "slots.parquet", slots_df)
@@ -44,8 +46,8 @@ def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> tuple[d
     if opts.slice_duration:
         slices = slices_frame(req_df, tokens, opts.slice_duration, tuple(dict.fromkeys((50, *opts.percentiles))))
         atomic_write_text(d / "slices.csv", slices.to_csv(index=False))
-    row = summary_row(run, req_df, it_df, tokens, opts)
+    row = summary_row(run, req_df, it_df, flat, opts)
     model = opts.model_spec if opts.device == "sim" else opts.model
-    result = vllm_result(run.name, model, req_df, tokens, row, dataclasses.asdict(opts))
+    result = vllm_result(run.name, model, req_df, flat, row, dataclasses.asdict(opts))
     atomic_write_json(d / "vllm_bench.json", result, indent=None)
-    return row, StrategyFrames(req_df, it_df, slots_df, tokens)
+    return row, StrategyFrames(req_df, it_df, slots_df, flat)

@@ -18,19 +18,20 @@ import time
 import numpy as np
 import pandas as pd
 
-from harness.metrics import flat_token_times, token_gaps
+from reports.token_times import TokenTimes
 
 LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
 
 
-def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: dict[str, list[float]],
+def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: TokenTimes,
                 summary_row: dict, options: dict) -> dict:
-    """The result dict ``vllm bench serve --save-result --save-detailed`` writes, for one strategy."""
+    """The result dict ``vllm bench serve --save-result --save-detailed`` writes, for one strategy
+    (``token_times``: of ``requests``' rows, in row order)."""
     ok = (requests["status"] == "finished").to_numpy()
     arrival = requests["arrival_s"].to_numpy(float)
     first = requests["first_token_s"].to_numpy(float)
     finish = requests["finish_s"].to_numpy(float)
-    gaps, counts = token_gaps(token_times, requests["request_id"])
+    gaps, counts = token_times.gaps(), np.maximum(token_times.counts - 1, 0)
     # each request's gaps as a view of the one array (orjson writes float64 arrays as it writes floats: the
     # same text, without 2.5M Python floats made and sliced for a 10,000-request run)
     per_request = np.split(gaps, np.cumsum(counts)[:-1])  # [R] arrays
@@ -61,7 +62,7 @@ def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: 
         "generated_texts": [""] * len(requests),  # slotbench has token ids, not text
         "errors": ["" if good else str(reason) for good, reason in zip(ok, requests["finish_reason"], strict=True)],
     })
-    out.update(_peaks(arrival[ok], finish[ok], token_times, requests["request_id"][ok]))
+    out.update(_peaks(arrival[ok], finish[ok], token_times.tokens(ok)))
     for metric in LATENCY_METRICS:
         for stat in ("mean", "median", "std"):
             out[f"{stat}_{metric}_ms"] = summary_row.get(f"{stat}_{metric}_ms")
@@ -71,14 +72,13 @@ def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: 
     return out
 
 
-def _peaks(start: np.ndarray, end: np.ndarray, token_times: dict[str, list[float]],
-           request_ids: pd.Series) -> dict:
-    """vLLM's ``max_output_tokens_per_s`` (the busiest one-second bucket from the first start) and
-    ``max_concurrent_requests`` (a sweep over [start, end), ends first at a tie)."""
+def _peaks(start: np.ndarray, end: np.ndarray, tokens: np.ndarray) -> dict:
+    """vLLM's ``max_output_tokens_per_s`` (the busiest one-second bucket of ``tokens``, the finished requests'
+    token times, from the first start) and ``max_concurrent_requests`` (a sweep over [start, end), ends first at
+    a tie)."""
     if len(start) == 0:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     t0 = float(start.min())
-    tokens = flat_token_times(token_times, request_ids)[0]
     buckets = np.bincount(np.floor(tokens - t0).astype(int)) if len(tokens) else np.zeros(1)
     times = np.concatenate((start, end))
     steps = np.concatenate((np.ones(len(start), np.int64), -np.ones(len(end), np.int64)))
