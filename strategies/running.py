@@ -3,8 +3,8 @@
 The scheduler picks a step's decode rows by array operations over the running requests' slots
 (``scheduler._decode_rows``). Reading ``r.slot`` from each of ~250 requests every step took ~30 us of the 70B
 run's ~340 us host step (issue 27): by then the requests' objects are out of the core's caches. The list
-writes a request's slot beside it when it is appended instead; a request keeps its slot while it is in the
-list (it is removed before it leaves its slot, and appended again after it takes a new one).
+writes a request's slot beside it when it is appended instead. A request takes no other slot while it is in
+the list: a new one only after it was removed (preempted, or handed off by a prefill worker), appended again.
 
 Only ``append``, ``remove`` and ``clear`` change it (the strategies use nothing else); every other mutator
 raises, so that the slots can never drift from the requests.
