@@ -43,8 +43,9 @@ import pandas as pd
 
 from harness.calibrate.attention_profile import DECODE, PREFILL, fit_attention, load_attention, predict_attention
 from harness.errors import UserError
+from strategies.runtime.models.config import DTYPE_BYTES
 from strategies.runtime.sim.gemm_table import GemmTable, gemm_key
-from strategies.runtime.sim.kernels import DTYPE_BYTES, GEMMS, elementwise_bytes, gemm_work, ring_allreduce_bytes
+from strategies.runtime.sim.kernels import GEMMS, elementwise_bytes, gemm_work, ring_allreduce_bytes
 from strategies.runtime.sim.profile import ELEM_EFF_DEFAULTS, DeviceProfile, spilled_bytes
 from strategies.runtime.sim.specs import GpuSpec
 

@@ -8,12 +8,11 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from strategies.runtime.models.config import PRESETS, ModelConfig
+from strategies.runtime.models.config import DTYPE_BYTES, PRESETS, ModelConfig
 
 if TYPE_CHECKING:
     import torch
 
-_DTYPES = ("float32", "float64", "bfloat16", "float16")
 _SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
 _BART_ARCHS = {"BartForConditionalGeneration"}
 
@@ -21,8 +20,8 @@ _BART_ARCHS = {"BartForConditionalGeneration"}
 def _dtype_of(hf: dict, source: str, dtype: str | None) -> str:
     if dtype is None:
         dtype = str(hf.get("torch_dtype") or hf.get("dtype") or "float32").removeprefix("torch.")
-        if dtype not in _DTYPES:
-            raise ValueError(f"{source}: torch_dtype {dtype!r} is not one of {', '.join(_DTYPES)}")
+        if dtype not in DTYPE_BYTES:
+            raise ValueError(f"{source}: torch_dtype {dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
     return dtype
 
 

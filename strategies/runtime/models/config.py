@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-_DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # the dtypes a model may have
+DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}  # a model's dtypes, their sizes
 
 
 ARCHITECTURES = ("llama", "bart")
@@ -54,8 +54,8 @@ class ModelConfig:
             raise ValueError("model config: head_dim must be even for RoPE")
         if self.is_encoder_decoder and self.encoder_layers <= 0:
             raise ValueError("model config: an encoder–decoder model needs encoder_layers > 0")
-        if self.dtype not in _DTYPE_BYTES:
-            raise ValueError(f"model config: dtype must be one of {sorted(_DTYPE_BYTES)}, got {self.dtype!r}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"model config: dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
         if not 0 <= self.eos_token_id < self.vocab_size:
             raise ValueError("model config: eos_token_id must be inside the vocabulary")
 
@@ -88,7 +88,7 @@ class ModelConfig:
     @property
     def kv_bytes_per_token(self) -> int:
         """Keys and values of one token in every layer."""
-        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * _DTYPE_BYTES[self.dtype]
+        return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * DTYPE_BYTES[self.dtype]
 
     def with_dtype(self, dtype: str) -> ModelConfig:
         return replace(self, dtype=dtype)

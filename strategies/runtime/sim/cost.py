@@ -38,12 +38,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.models.config import DTYPE_BYTES, ModelConfig
 from strategies.runtime.sim.attention import decode_attention_s, prefill_attention_s
 from strategies.runtime.sim.kernels import (
     BART_DECODER_GEMMS,
     BART_ENCODER_GEMMS,
-    DTYPE_BYTES,
     ELEMENTWISE,
     GEMMS,
     elementwise_bytes,

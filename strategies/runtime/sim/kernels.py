@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from strategies.runtime.models.config import ModelConfig
 
-DTYPE_BYTES = {"float32": 4, "float64": 8, "bfloat16": 2, "float16": 2}
-
 # One layer's kernels as functions of (hidden, query width, KV width, intermediate).
 # GEMMs: (weight rows, weight columns), sharded across TP ranks.
 GEMMS = {
