@@ -7,7 +7,8 @@ writes a request's slot beside it when it is appended instead. A request takes n
 the list: a new one only after it was removed (preempted, or handed off by a prefill worker), appended again.
 
 Only ``append``, ``remove`` and ``clear`` change it (the strategies use nothing else); every other mutator
-raises, so that the slots can never drift from the requests.
+raises, so that the slots can never drift from the requests. ``select`` makes a new list of some of them (a
+pipeline's requests not in flight), slots included.
 """
 
 from __future__ import annotations
@@ -39,6 +40,15 @@ class RunningRequests(list):
         n = len(self)
         self._slots[i:n - 1] = self._slots[i + 1:n]
         super().__delitem__(i)
+
+    def select(self, keep: list[bool], limit: int) -> RunningRequests:
+        """A new list of the first ``limit`` requests where ``keep`` [N] is true, in order, their slots copied
+        from this one's array (a pipeline's idle requests: removing one from it leaves this list as it is)."""
+        rows = np.flatnonzero(keep)[:limit]  # [M]
+        out = RunningRequests(len(self._slots))
+        list.extend(out, [self[i] for i in rows.tolist()])
+        out._slots[:len(rows)] = self._slots[rows]
+        return out
 
     def _fixed(self, *args: object, **kwargs: object) -> NoReturn:
         raise TypeError("RunningRequests changes only by append, remove and clear (its slots follow them)")

@@ -42,7 +42,8 @@ class IterationScheduler:
         self.kv = kv
         self.cross_kv = cross_kv  # encoder–decoder models: cross-attention blocks, taken whole at admission
         # The runtime's per-slot progress: with it, and one row and one token a request (no beams, no drafts),
-        # the decode rows are picked by array operations over the running slots (``_decode_rows``)
+        # the decode rows are picked by array operations over the running slots (``_decode_rows``: ``running``
+        # is then a RunningRequests, whose slots it reads from its array)
         self.book = book if config.max_beam_width == 1 and config.speculative is None else None
         self.guaranteed = config.capacity_policy == "guaranteed-no-evict"
         self.watermark = 0 if self.guaranteed else math.ceil(config.kv_watermark * kv.total_blocks)
@@ -95,7 +96,7 @@ class IterationScheduler:
             batch.no_beams()
         return batch
 
-    def _decode_rows(self, batch: ScheduledBatch, running: list[Request],
+    def _decode_rows(self, batch: ScheduledBatch, running: RunningRequests,
                      budget: int) -> tuple[list[Request], int] | None:
         """Decodes first, one token each in admission order while the budget lasts: the decode loop's
         choice made over the book's counters — as arrays from ``MIN_ARRAY_ROWS`` running requests, row by
@@ -106,8 +107,7 @@ class IterationScheduler:
         assert book is not None
         counters, held = book.counters, kv.held_blocks
         if len(running) >= MIN_ARRAY_ROWS:
-            slots = running.slots if isinstance(running, RunningRequests) else \
-                np.fromiter([r.slot for r in running], np.int64, len(running))  # [N] (a pipeline's selection)
+            slots = running.slots  # [N]
             c = counters[slots]  # [N, 6]
             computed = c[:, COMPUTED]  # [N]
             decoding = computed >= c[:, TARGET]  # [N]

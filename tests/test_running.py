@@ -51,3 +51,18 @@ def test_only_append_remove_and_clear_change_it():
     assert list(running) == [a, b] and running.slots.tolist() == [2, 0]
     running.remove(a)
     assert list(running) == [b] and running.slots.tolist() == [0]
+
+
+def test_a_selection_carries_its_slots_and_leaves_the_list_alone():
+    """A pipeline's idle requests: the first ``limit`` kept, slots copied from the array; removing one from
+    the selection (a preemption victim) changes neither the list nor its slots."""
+    running = RunningRequests(8)
+    reqs = [_request(i, slot) for i, slot in enumerate([5, 2, 7, 0, 3])]
+    for r in reqs:
+        running.append(r)
+    idle = running.select([True, False, True, True, True], 3)
+    assert list(idle) == [reqs[0], reqs[2], reqs[3]] and idle.slots.tolist() == [5, 7, 0]
+    idle.remove(reqs[2])
+    assert list(idle) == [reqs[0], reqs[3]] and idle.slots.tolist() == [5, 0]
+    assert list(running) == reqs and running.slots.tolist() == [5, 2, 7, 0, 3]
+    assert running.select([False] * 5, 3) == [] and running.select([False] * 5, 3).slots.shape == (0,)

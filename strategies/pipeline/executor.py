@@ -77,7 +77,7 @@ class PipelineStrategy(InflightStrategy):
         return super().rejection(r)
 
     def schedule(self, iteration: int) -> ScheduledBatch:
-        idle = [r for r in self.running if id(r) not in self._in_flight][:self.rows_per_micro_batch]
+        idle = self.running.select([id(r) not in self._in_flight for r in self.running], self.rows_per_micro_batch)
         return self.scheduler.schedule(iteration, self.waiting, idle, self.slots.num_free, self._admit, self._preempt)
 
     def _loop(self) -> None:
