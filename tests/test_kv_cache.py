@@ -2,6 +2,7 @@
 behaviours that depend on blocks (decodes first, the watermark, what static and overlap really hold)."""
 
 import json
+from collections import deque
 from functools import partial
 
 import numpy as np
@@ -18,6 +19,7 @@ from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
 from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
+from strategies.runtime.kv.free_blocks import FreeBlocks
 from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler
@@ -79,6 +81,29 @@ def test_never_cached_blocks_go_first_then_the_least_recent_tail():
     kv.grow(1, 4)  # now it must evict: the tail block of a goes first
     assert kv.evictions == 1 and kv.table[1, 1] == first[2]
     assert kv.prefix_hit(req(range(1, 7), rid="again")) == first[:2]  # the head of the chain survives
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 12), st.lists(st.tuples(st.booleans(), st.integers(0, 12)), max_size=40))
+def test_free_blocks_hand_out_ids_in_a_deques_order(num_blocks, moves):
+    """The ring array gives out and takes back ids in a deque's FIFO order, across its wrap-around."""
+    free, model = FreeBlocks(num_blocks), deque(range(num_blocks))
+    held: list[int] = []
+    for take, k in moves:
+        if take:
+            k = min(k, len(model))
+            got = free.take(k)
+            assert got.tolist() == [model.popleft() for _ in range(k)]
+            held += got.tolist()
+        else:  # give back the k most recently taken, last first (a release gives back tail blocks first)
+            back = held[len(held) - min(k, len(held)):][::-1]
+            del held[len(held) - len(back):]
+            free.put(np.array(back, dtype=np.int64))
+            model.extend(back)
+        assert len(free) == len(model)
+    assert free.take(len(model)).tolist() == list(model)
+    with pytest.raises(RuntimeError):
+        free.take(1)
 
 
 def test_only_full_blocks_of_known_and_computed_tokens_are_cached():

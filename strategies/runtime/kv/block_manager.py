@@ -22,10 +22,11 @@ indirection's business (``decoder/beam_search.py``), so a reorder moves no KV an
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import OrderedDict
 
 import numpy as np
 
+from strategies.runtime.kv.free_blocks import FreeBlocks
 from strategies.runtime.request import Request
 
 
@@ -54,8 +55,8 @@ class BlockManager:
         self._width = [1] * num_slots  # beam rows of the slot's request
         self._shared = [0] * num_slots  # leading blocks every beam of the slot reads (the prompt's full ones)
         self._hashed = [0] * num_slots  # leading blocks of the row registered in the cache
-        self._ref = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))  # never cached, or wiped
+        self._ref = np.zeros(num_blocks, dtype=np.int64)  # [N] holders of each block
+        self._free = FreeBlocks(num_blocks)  # never cached, or wiped
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody; oldest first
         self._by_hash: dict[int, int] = {}  # hash → block
         self._hash_of: dict[int, int] = {}  # block → hash
@@ -127,7 +128,7 @@ class BlockManager:
         if hits:  # (an array write even of nothing costs a microsecond; most admissions have no hits)
             ref = self._ref
             for b in hits:
-                if ref[b] == 0:  # it sat in the LRU pool
+                if ref.item(b) == 0:  # it sat in the LRU pool
                     del self._evictable[b]
                 ref[b] += 1
             self.tables[slot, :width, :len(hits)] = hits
@@ -186,24 +187,22 @@ class BlockManager:
         self.commit(slot, r)
         held, shared = int(self.held_blocks[slot]), self._shared[slot]
         if not self._hash_of and self._width[slot] == 1:  # nothing cached, so nothing shared: each block is
-            blocks = self.table[slot, :held][::-1].tolist()  # this slot's alone (ref 1); tail blocks first
-            self._free.extend(blocks)
-            for b in blocks:
-                self._ref[b] = 0
+            blocks = self.table[slot, :held][::-1]  # [held] this slot's alone (ref 1); tail blocks first
+            self._free.put(blocks)
+            self._ref[blocks] = 0
         else:
             ref = self._ref
             for beam in range(self._width[slot] - 1, 0, -1):  # beams' own blocks: never cached
-                own = self.tables[slot, beam, shared:held].tolist()
-                self._free.extend(own)
-                for b in own:
-                    ref[b] = 0
+                own = self.tables[slot, beam, shared:held]  # [held - shared]
+                self._free.put(own)
+                ref[own] = 0
             for b in self.table[slot, :held][::-1].tolist():  # tail blocks first
                 ref[b] -= 1
-                if ref[b] == 0:
+                if ref.item(b) == 0:
                     if b in self._hash_of:
                         self._evictable[b] = None
                     else:
-                        self._free.append(b)
+                        self._free.put((b,))
         self.held_blocks[slot] = self._hashed[slot] = 0
         self._width[slot], self._shared[slot] = 1, 0
 
@@ -215,19 +214,21 @@ class BlockManager:
             b = int(self.table[slot, i])
             assert b not in self._hash_of, "a block past the computed tokens is never cached"
             self._ref[b] -= 1
-            if self._ref[b] == 0:
-                self._free.append(b)
+            if self._ref.item(b) == 0:
+                self._free.put((b,))
         self.held_blocks[slot] = min(keep, held)
 
-    def _allocate(self, count: int) -> list[int]:
-        """``count`` blocks, never-cached ones first, then the least recently released cached ones."""
+    def _allocate(self, count: int) -> np.ndarray:
+        """[count] blocks, never-cached ones first, then the least recently released cached ones."""
         free = self._free
-        blocks = [free.popleft() for _ in range(min(count, len(free)))]
-        while len(blocks) < count:  # evict the least recently released cached block
-            block, _ = self._evictable.popitem(last=False)
-            del self._by_hash[self._hash_of.pop(block)]
-            self.evictions += 1
-            blocks.append(block)
-        for block in blocks:
-            self._ref[block] = 1
+        blocks = free.take(min(count, len(free)))
+        if len(blocks) < count:
+            evicted = []
+            for _ in range(count - len(blocks)):  # evict the least recently released cached block
+                block, _ = self._evictable.popitem(last=False)
+                del self._by_hash[self._hash_of.pop(block)]
+                self.evictions += 1
+                evicted.append(block)
+            blocks = np.concatenate((blocks, np.array(evicted, dtype=np.int64)))
+        self._ref[blocks] = 1
         return blocks
