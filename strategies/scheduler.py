@@ -21,8 +21,6 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-import numpy as np
-
 from strategies.config import ExecutorConfig
 from strategies.running import RunningRequests
 from strategies.runtime.batch import ContextChunk, ScheduledBatch
@@ -112,16 +110,17 @@ class IterationScheduler:
             computed = c[:, COMPUTED]  # [N]
             decoding = computed >= c[:, TARGET]  # [N]
             wants = decoding & (c[:, SCHEDULED] < c[:, MAX_NEW])  # [N] not every token it may get is on its way
-            picked = np.flatnonzero(wants)[:budget]  # [G] indices into running
+            # (``nonzero`` here and below: np.flatnonzero's Python wrapper costs ~1 us a call more)
+            picked = wants.nonzero()[0][:budget]  # [G] indices into running
             slots, positions = slots[picked], computed[picked]  # [G] each: the input token's position
-            new_block = np.flatnonzero(positions >= held[slots] * tpb).tolist()  # [g] starts a block
+            new_block = (positions >= held[slots] * tpb).nonzero()[0].tolist()  # [g] starts a block
             if not self.guaranteed and len(new_block) > kv.free_blocks:
                 return None
             counters[slots, COMPUTED] = positions + 1
             counters[slots, SCHEDULED] += 1
             rows, batch.gen_positions = picked.tolist(), positions.tolist()
-            prefills = [running[i] for i in np.flatnonzero(~decoding).tolist()]
-            batch.gen_slots = slots
+            prefills = [running[i] for i in (~decoding).nonzero()[0].tolist()]
+            batch.gen_slots, batch.gen_position_array = slots, positions
         else:  # (the buffers read the few rows' slots from their requests)
             rows, picked, positions, new_block, prefills = [], [], [], [], []
             for i, r in enumerate(running):
@@ -143,7 +142,8 @@ class IterationScheduler:
             slots, batch.gen_positions = [slot for slot, _ in picked], positions
         for i in new_block:
             kv.grow(int(slots[i]), batch.gen_positions[i] + 1)
-        batch.gen_requests = [running[i] for i in rows]
+        # (map: a comprehension indexing the list subclass took ~10 us for 235 rows, map ~6)
+        batch.gen_requests = list(map(running.__getitem__, rows))
         return prefills, budget - len(rows)
 
     def _decode_loop(self, batch: ScheduledBatch, running: list[Request], budget: int,

@@ -78,7 +78,7 @@ class SlotProgress:
             self.tokens[s, c[:, PROMPT] + k] = out[fast, 0]
             self.times[s, k] = now
             self.counters[s, OUTPUTS] = k + 1  # one sample less in flight: SCHEDULED stays
-            return np.flatnonzero(~fast).tolist()
+            return (~fast).nonzero()[0].tolist()  # (np.flatnonzero's wrapper costs ~1 us more)
         rest = []
         counters, key, tokens, times = self.counters, self.key, self.tokens, self.times
         for i, (s, expected, (token, code)) in enumerate(zip(slots.tolist(), keys.tolist(), out.tolist(),
