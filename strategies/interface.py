@@ -12,6 +12,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar, Protocol
 
+import numpy as np
+
 from strategies.config import ExecutorConfig
 from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.clock import Clock
@@ -94,7 +96,7 @@ class Executor(ABC):
             return f"needs more KV blocks than the cache has ({c.total_kv_blocks})"
         if len(r.sampling.stop_token_ids) >= MAX_STOP_IDS:
             return f"at most {MAX_STOP_IDS - 1} stop token ids"
-        if r.prompt_token_ids.min() < 0 or r.prompt_token_ids.max() >= cfg.vocab_size:
+        if r.prompt_token_ids.view(np.uint64).max() >= cfg.vocab_size:  # (one pass: a negative id is >= 2^63 there)
             return f"prompt token id outside the vocabulary [0, {cfg.vocab_size})"
         return self._encoder_rejection(r)
 

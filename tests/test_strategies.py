@@ -82,7 +82,7 @@ def test_guaranteed_no_evict_queues_instead_of_preempting():
 def test_rejections_have_reasons_and_the_run_goes_on():
     _, scripted = tiny_models()
     specs = [([1] * 70, 5, SamplingParams()), ([1, 2, 3], 4, SamplingParams(ignore_eos=True)),
-             ([600], 2, SamplingParams()), ([1] * 40, 2, SamplingParams())]
+             ([600], 2, SamplingParams()), ([1] * 40, 2, SamplingParams()), ([3, -1], 2, SamplingParams())]
     for name in ("static", "inflight", "overlap"):
         reqs = make_requests(specs)
         run_strategy(name, TINY64, scripted, ExecutorConfig(max_batch_size=2, max_seq_len=64, max_num_tokens=32,
@@ -91,6 +91,7 @@ def test_rejections_have_reasons_and_the_run_goes_on():
         assert reqs[0].status is Status.REJECTED and "max_seq_len" in reqs[0].finish_reason
         assert reqs[1].status is Status.FINISHED and reqs[1].num_output_tokens == 4
         assert reqs[2].status is Status.REJECTED and "vocabulary" in reqs[2].finish_reason
+        assert reqs[4].status is Status.REJECTED and "vocabulary" in reqs[4].finish_reason  # a negative id too
         if name == "static":  # a row over the token budget prefills alone, whole
             assert reqs[3].status is Status.FINISHED and reqs[3].num_output_tokens >= 1
         else:
