@@ -166,3 +166,23 @@ def test_a_line_claiming_a_trillion_tokens_is_sized_before_it_is_trusted(tmp_pat
             assert list(req["status"]) == ["finished", "rejected", "finished"]
             assert "max_seq_len" in req["finish_reason"].iloc[1]
     assert max_rss_kib < 2 * 1024 * 1024, f"peak RSS {max_rss_kib / 1024:.0f} MiB"
+
+
+def test_random_prompt_ids_are_the_seeded_stream_drawn_prompt_by_prompt():
+    """Prompts are cut from draws of many ids at a time; they must be the ids that drawing each prompt's
+    random part on its own, in turn, gives from the same seed (what a run's prompts were before, and what
+    numpy's generator gives), across prompts, encoder inputs, prefix-block remainders and the pool's refills."""
+    from harness.traces.prompts import POOL_IDS, PromptBuilder
+    from harness.traces.trace import TraceRequest
+
+    vocab, seed = 128256, 11
+    trace = [TraceRequest(0.0, 512, 1), TraceRequest(0.0, 7, 1, encoder_tokens=33),
+             TraceRequest(0.0, POOL_IDS + 5, 1), TraceRequest(0.0, 40, 1, prefix_ids=(3,), prefix_block_len=16),
+             TraceRequest(0.0, 1, 1), TraceRequest(0.0, POOL_IDS - 3, 1)]
+    builder, rng = PromptBuilder(vocab, seed), np.random.default_rng(seed)
+    for t in trace:
+        prompt = builder.prompt(t)
+        random_part = prompt[16:] if t.prefix_ids else prompt  # the prefix block's tokens are its own stream
+        assert np.array_equal(random_part, rng.integers(0, vocab, size=len(random_part), dtype=np.int64))
+        if t.encoder_tokens:
+            assert np.array_equal(builder.encoder_prompt(t), rng.integers(0, vocab, size=33, dtype=np.int64))
