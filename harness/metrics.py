@@ -62,8 +62,11 @@ def _stats(name: str, values_ms: np.ndarray, percentiles: tuple[float, ...]) -> 
     out[f"mean_{name}_ms"] = float("nan") if empty else float(np.mean(values_ms))
     out[f"median_{name}_ms"] = float("nan") if empty else float(np.median(values_ms))
     out[f"std_{name}_ms"] = float("nan") if empty else float(np.std(values_ms))
-    for p in percentiles:
-        out[f"p{percentile_name(p)}_{name}_ms"] = float("nan") if empty else float(np.percentile(values_ms, p))
+    nan = [float("nan")] * len(percentiles)
+    # every percentile from one partition of the values (the same numbers as a call each)
+    values = nan if empty or not percentiles else np.percentile(values_ms, percentiles).tolist()
+    for p, value in zip(percentiles, values, strict=True):
+        out[f"p{percentile_name(p)}_{name}_ms"] = value
     return out
 
 

@@ -43,9 +43,10 @@ class TokenTimes:
         return cls(*flatten([times.get(rid, ()) for rid in request_ids]))
 
     def tokens(self, rows: np.ndarray) -> np.ndarray:
-        """[M] the times of the requests where ``rows`` [R] (bool) is true, in order."""
-        return self.flat[np.repeat(rows, self.counts)]
+        """[M] the times of the requests where ``rows`` [R] (bool) is true, in order (every request's: the
+        array itself, not a masked copy of its millions of times)."""
+        return self.flat if rows.all() else self.flat[np.repeat(rows, self.counts)]
 
     def gaps(self, rows: np.ndarray | None = None) -> np.ndarray:
         """The gaps within each request (of those where ``rows`` is true), in order."""
-        return gaps(self.flat, self.counts, rows)
+        return gaps(self.flat, self.counts, None if rows is not None and rows.all() else rows)

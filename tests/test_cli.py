@@ -54,6 +54,25 @@ def test_output_contract(run_dir):
         assert names == {"schedule", "prepare", "postprocess", "forward", "sample"}
 
 
+def test_timeline_times_are_the_iterations_rounded_as_python_rounds(run_dir):
+    """Each phase slice is its iteration's start and length in microseconds, ``round(x, 3)`` as Python
+    rounds (the timeline rounds them as arrays); and so is every value of the vectorised rounding, halves
+    and values just beside a half included."""
+    from harness.output.timeline import microseconds
+
+    it = pd.read_parquet(run_dir / "inflight" / "iterations.parquet").set_index("iteration")
+    events = [e for e in json.loads((run_dir / "inflight" / "timeline.json").read_text())["traceEvents"]
+              if e["ph"] == "X"]
+    assert len(events) == 5 * len(it)
+    for e in events:
+        start, end = it.loc[e["args"]["iteration"], [f"{e['name']}_start_s", f"{e['name']}_end_s"]]
+        assert (e["ts"], e["dur"]) == (round(start * 1e6, 3), round(max(end - start, 0.0) * 1e6, 3))
+    rng = np.random.default_rng(3)
+    halves = (rng.integers(0, 10**9, 50_000) + 0.5) / 1e9  # x * 1e6 at or within an ulp of a half
+    values = np.concatenate((rng.uniform(0, 3600, 50_000), halves, np.nextafter(halves, 0), [0.0, 2.5e-9]))
+    assert microseconds(values) == [round(v * 1e6, 3) for v in values.tolist()]
+
+
 def test_summary_is_recomputable_from_requests_and_tokens(run_dir):
     summary = pd.read_csv(run_dir / "summary.csv")
     assert list(summary["strategy"]) == ["static", "inflight", "overlap"]

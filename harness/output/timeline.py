@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 
 HOST_PHASES = ("schedule", "prepare", "postprocess")
@@ -34,13 +35,15 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
                for w, tid in lanes.items()]
     # Columns as lists, read by row index: a namedtuple per row and getattr per phase took most of the time
     # (0.27 s for the 70B run's 10,414 iterations). A phase no row ran (draft, encode) is left out whole.
-    lanes_of_phases = []  # (phase, category, lane, starts, ends)
+    lanes_of_phases = []  # (phase, category, lane, ts, dur): NaN where the row did not run the phase
     for phases, tid in ((HOST_PHASES, HOST_TID), (DEVICE_PHASES, DEVICE_TID)):
         for phase in phases:
-            starts, ends = iterations[f"{phase}_start_s"], iterations[f"{phase}_end_s"]
-            if starts.notna().any():
-                lanes_of_phases.append((phase, "host" if tid == HOST_TID else "device", tid, starts.tolist(),
-                                        ends.tolist()))
+            starts = iterations[f"{phase}_start_s"].to_numpy(float)  # [I]
+            ends = iterations[f"{phase}_end_s"].to_numpy(float)  # [I]
+            if not np.isnan(starts).all():
+                dur = np.maximum(ends - starts, 0.0)  # [I] NaN where either is
+                lanes_of_phases.append((phase, "host" if tid == HOST_TID else "device", tid, microseconds(starts),
+                                        microseconds(dur)))
     numbers, tokens = iterations["iteration"].tolist(), iterations["num_tokens"].tolist()
     on_worker = iterations["worker"].tolist() if lanes else None
     stage_starts = iterations["stage_start_s"].tolist() if stages else None
@@ -54,12 +57,24 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
                 events.append({"name": f"stage {s}", "cat": "device", "ph": "X", "ts": round(start * 1e6, 3),
                                "dur": round(max(end - start, 0.0) * 1e6, 3), "pid": pid, "tid": DEVICE_TID + 1 + s,
                                "args": {"iteration": iteration, "micro_batch": int(micro_batches[i])}})
-        for phase, category, tid, starts, ends in lanes_of_phases:
-            start, end = starts[i], ends[i]
-            if math.isnan(start) or math.isnan(end):
+        for phase, category, tid, ts, dur in lanes_of_phases:
+            start, length = ts[i], dur[i]
+            if math.isnan(start) or math.isnan(length):
                 continue
             lane = lanes.get(on_worker[i], tid) if tid == DEVICE_TID and lanes else tid
-            events.append({"name": phase, "cat": category, "ph": "X",
-                           "ts": round(start * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3),
+            events.append({"name": phase, "cat": category, "ph": "X", "ts": start, "dur": length,
                            "pid": pid, "tid": lane, "args": {"iteration": iteration, "tokens": int(tokens[i])}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def microseconds(seconds: np.ndarray) -> list[float]:
+    """``round(s * 1e6, 3)`` of each of ``seconds`` [I], the doubles Python's ``round`` gives, vectorised:
+    ``rint(x * 1000) / 1000`` is the same double wherever ``x * 1000`` is not within its rounding error of a
+    half (the integer is the same, and the division is correctly rounded); Python rounds those few. (The 70B
+    run's 104,000 ``round`` calls took ~0.1 s.)"""
+    x = seconds * 1e6  # [I]
+    scaled = x * 1000  # [I]
+    out = (np.rint(scaled) / 1000).tolist()
+    for i in (np.abs(scaled - np.floor(scaled) - 0.5) < 1e-3).nonzero()[0].tolist():
+        out[i] = round(float(x[i]), 3)
+    return out
