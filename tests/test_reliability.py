@@ -151,7 +151,8 @@ def test_max_concurrency_is_a_closed_loop(strategy):
 def test_a_run_keeps_the_collector_off_what_existed_before_it_only_while_it_runs(tmp_path, monkeypatch, fault):
     """execute() freezes the heap (gc.freeze) for the run and gives it back on the way out, also when a
     strategy fails: an object made before the run is out of the collector's generations while the strategy
-    runs, and back in them afterwards, nothing left frozen."""
+    runs, and back in them afterwards, nothing left frozen. Automatic collection pauses while each strategy's
+    files and the report are written, and only then."""
     import gc
 
     import harness.app as app
@@ -159,15 +160,26 @@ def test_a_run_keeps_the_collector_off_what_existed_before_it_only_while_it_runs
 
     before = [object()]  # a container the collector tracks, made before the run
     seen: list[bool] = []
-    real = app.run_strategy
+    collecting: list[bool] = []  # while each strategy's files are written
+    real, real_write = app.run_strategy, app.write_strategy
 
     def spy(*args, **kwargs):
         seen.append(any(o is before for o in gc.get_objects()))
         return real(*args, **kwargs)
 
+    def write_spy(*args, **kwargs):
+        collecting.append(gc.isenabled())
+        return real_write(*args, **kwargs)
+
+    def report_spy(*args, **kwargs):
+        collecting.append(gc.isenabled())
+
     monkeypatch.setattr(app, "run_strategy", spy)
+    monkeypatch.setattr(app, "write_strategy", write_spy)
+    monkeypatch.setattr("reports.html.write_report", report_spy)
     opts = RunOptions(device="sim", model_spec="llama-3-8b", num_prompts=8, strategies=("inflight", "static"))
-    outcome = app.execute(opts, tmp_path / "run", progress=False, report=False, fault=fault, log=lambda _: None)
+    outcome = app.execute(opts, tmp_path / "run", progress=False, report=True, fault=fault, log=lambda _: None)
     assert outcome.exit_code == (1 if fault else 0)
     assert seen == [False, False]  # each strategy, the one after a failed one too
     assert gc.get_freeze_count() == 0 and any(o is before for o in gc.get_objects())
+    assert collecting == [False, False, False] and gc.isenabled()  # paused for the writing only
