@@ -65,6 +65,24 @@ def test_a_requests_own_stop_ids_end_it():
     assert sum(r.finish_reason == "stop" for r in done.values()) > 30  # 1 - (1 - 2/512)^400 = 0.79 of them
 
 
+def test_stop_ids_end_requests_admitted_after_requests_without_any():
+    """The decoder compares only the stop-id columns some admission used: requests with none (ignoring EOS)
+    first, then requests with two stop ids, then one with one (its slot's second column stale from the run
+    before it would be a stop id it does not have)."""
+    first = requests(30, 400, ignore_eos=True)
+    later = [Request(f"s{i}", r.prompt_token_ids, 400, SamplingParams(seed=100 + i, ignore_eos=True,
+                                                                      stop_token_ids=(7, 11) if i < 30 else (7,)),
+                     arrival_s=0.5 + i * 0.002) for i, r in enumerate(requests(40, 400))]
+    done = run("inflight", first + later, max_batch=8)
+    assert {(len(done[r.request_id].output_token_ids), done[r.request_id].finish_reason) for r in first} == \
+        {(400, "length")}
+    for r in later:
+        tokens, stops = done[r.request_id].output_token_ids, set(r.sampling.stop_token_ids)
+        assert not stops & set(tokens[:-1])
+        assert done[r.request_id].finish_reason == ("stop" if tokens[-1] in stops else "length")
+    assert sum(done[r.request_id].finish_reason == "stop" for r in later) > 20  # 0.79 of those with two
+
+
 def test_tokens_depend_on_the_seed_alone():
     """The same requests through three strategies and two batch sizes (overlap's extra step, static's padding
     rows, other neighbours): identical tokens, as the counter-based sampler gives on a real device."""
