@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from abc import abstractmethod
 from collections import deque
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import TYPE_CHECKING, ClassVar
 
 from strategies.config import ExecutorConfig
 from strategies.interface import Executor, ExecutorStalled, RequestSource
+from strategies.phase import HostPhase
 from strategies.running import RunningRequests
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
@@ -78,6 +77,7 @@ class Strategy(Executor):
         self._evictions_seen = 0
         self._last_launched: IterationRecord | None = None
         self._last_waited: IterationRecord | None = None
+        self._phase = HostPhase(self)  # ``with self._phase(rec, "schedule"):`` times a host phase into rec
 
     # --- interface --------------------------------------------------------------------------------
     def run(self, source: RequestSource) -> None:
@@ -185,18 +185,6 @@ class Strategy(Executor):
             self.running.remove(r)
 
     # --- the three parts ------------------------------------------------------------------------
-    @contextmanager
-    def _phase(self, rec: IterationRecord, name: str) -> Iterator[None]:
-        self.nvtx.push(name)
-        start = self.clock.now()
-        try:
-            yield
-        finally:
-            self.clock.charge_host(name, len(self.running))
-            setattr(rec, f"{name}_start_s", start)
-            setattr(rec, f"{name}_end_s", self.clock.now())
-            self.nvtx.pop()
-
     def _schedule_phase(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
         if self.iteration_hook is not None:
             self.iteration_hook(iteration)
