@@ -181,8 +181,7 @@ class Strategy(Executor):
                 self.cross_kv.release(r.slot, r)
             self.slots.release(r.slot, r.request_id, self._last_scheduled, end)
             r.leave_slot()
-        if r in self.running:
-            self.running.remove(r)
+        self.running.discard(r)  # (static keeps finished requests' slots; a preempted one is not running)
 
     # --- the three parts ------------------------------------------------------------------------
     def _schedule_phase(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:

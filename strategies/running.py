@@ -6,9 +6,9 @@ run's ~340 us host step (issue 27): by then the requests' objects are out of the
 writes a request's slot beside it when it is appended instead. A request takes no other slot while it is in
 the list: a new one only after it was removed (preempted, or handed off by a prefill worker), appended again.
 
-Only ``append``, ``remove`` and ``clear`` change it (the strategies use nothing else); every other mutator
-raises, so that the slots can never drift from the requests. ``select`` makes a new list of some of them (a
-pipeline's requests not in flight), slots included.
+Only ``append``, ``remove`` (or ``discard``) and ``clear`` change it (the strategies use nothing else); every
+other mutator raises, so that the slots can never drift from the requests. ``select`` makes a new list of some
+of them (a pipeline's requests not in flight), slots included.
 """
 
 from __future__ import annotations
@@ -36,7 +36,17 @@ class RunningRequests(list):
         super().append(r)
 
     def remove(self, r: Request) -> None:
-        i = self.index(r)  # by identity: a request compares equal to itself only
+        self._remove_at(self.index(r))  # by identity: a request compares equal to itself only
+
+    def discard(self, r: Request) -> None:
+        """Remove ``r`` if it is here: one scan, where a membership test and then ``remove`` take two."""
+        try:
+            i = self.index(r)
+        except ValueError:
+            return
+        self._remove_at(i)
+
+    def _remove_at(self, i: int) -> None:
         n = len(self)
         self._slots[i:n - 1] = self._slots[i + 1:n]
         super().__delitem__(i)

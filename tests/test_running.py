@@ -17,8 +17,9 @@ def _request(i: int, slot: int) -> Request:
 
 
 def test_the_slots_follow_appends_and_removes_anywhere_in_the_list():
-    """2,000 random appends (a free slot each), removes (any position: finishes, preemptions) and clears:
-    after each, ``slots`` equals the slot read from every request in list order."""
+    """2,000 random appends (a free slot each), removes (any position: finishes, preemptions), discards (of a
+    request there or not) and clears: after each, ``slots`` equals the slot read from every request in list
+    order."""
     rng = random.Random(0)
     running, free, made = RunningRequests(16), list(range(16)), 0
     for _ in range(2000):
@@ -27,10 +28,17 @@ def test_the_slots_follow_appends_and_removes_anywhere_in_the_list():
             r = _request(made, free.pop(rng.randrange(len(free))))
             made += 1
             running.append(r)
-        elif op < 0.98 and running:
+        elif op < 0.9 and running:
             r = rng.choice(running)
             running.remove(r)
             free.append(r.slot)
+        elif op < 0.98 and running:  # discard: a request in the list, or one that is not (nothing changes)
+            r = rng.choice(running) if op < 0.95 else _request(-1, 99)
+            before = list(running)
+            running.discard(r)
+            assert list(running) == [x for x in before if x is not r]
+            if r.slot != 99:
+                free.append(r.slot)
         elif op >= 0.98:
             free += [r.slot for r in running]
             running.clear()

@@ -48,10 +48,12 @@ class SlotProgress:
         and output ``times``."""
         assert self.holder[slot] is None, f"slot {slot} is held"
         most = max(counters[MAX_NEW], counters[OUTPUTS])
-        self.fit(counters[PROMPT] + most, most)
+        if counters[PROMPT] + most > self.tokens.shape[1] or most > self.times.shape[1]:
+            self.fit(counters[PROMPT] + most, most)
         self.counters[slot] = counters
         self.tokens[slot, :len(tokens)] = tokens
-        self.times[slot, :len(times)] = times
+        if times:  # (a first admission has none; a list written into an array costs ~0.4 us even empty)
+            self.times[slot, :len(times)] = times
         self.key[slot] = (self.key[slot] | 1) + 1 + running  # the next tenure
         self.holder[slot] = holder
 

@@ -121,8 +121,8 @@ class RuntimeBuffers:
             tok[off:end, ID] = 0  # replaced on the device by the beam row's last sampled token
             tok[off:end, POSITION] = gen_pos
             tok[off:end, SLOT] = gen_slots
-            tok[off:end, PAGE] = table[gen_slots, gen_pos // tokens_per_block] * tokens_per_block \
-                + gen_pos % tokens_per_block
+            block, within = np.divmod(gen_pos, tokens_per_block)  # [G] each
+            tok[off:end, PAGE] = table[gen_slots, block] * tokens_per_block + within
             if not beams:
                 rows[num_rows:num_rows + g] = np.arange(off, end)
                 num_rows += g
