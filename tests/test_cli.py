@@ -68,9 +68,10 @@ def test_timeline_times_are_the_iterations_rounded_as_python_rounds(run_dir):
         start, end = it.loc[e["args"]["iteration"], [f"{e['name']}_start_s", f"{e['name']}_end_s"]]
         assert (e["ts"], e["dur"]) == (round(start * 1e6, 3), round(max(end - start, 0.0) * 1e6, 3))
     rng = np.random.default_rng(3)
-    halves = (rng.integers(0, 10**9, 50_000) + 0.5) / 1e9  # x * 1e6 at or within an ulp of a half
-    values = np.concatenate((rng.uniform(0, 3600, 50_000), halves, np.nextafter(halves, 0), [0.0, 2.5e-9]))
-    assert microseconds(values) == [round(v * 1e6, 3) for v in values.tolist()]
+    for longest_s in (1, 3600, 10**7):  # up to 115 days, where x * 1000's doubles lie 2 apart
+        halves = (rng.integers(0, longest_s * 10**9, 20_000) + 0.5) / 1e9  # x * 1e6 at or within an ulp of a half
+        values = np.concatenate((rng.uniform(0, longest_s, 20_000), halves, np.nextafter(halves, 0), [0.0, 2.5e-9]))
+        assert microseconds(values) == [round(v * 1e6, 3) for v in values.tolist()], longest_s
 
 
 def test_summary_is_recomputable_from_requests_and_tokens(run_dir):

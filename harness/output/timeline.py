@@ -69,12 +69,14 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
 
 def microseconds(seconds: np.ndarray) -> list[float]:
     """``round(s * 1e6, 3)`` of each of ``seconds`` [I], the doubles Python's ``round`` gives, vectorised:
-    ``rint(x * 1000) / 1000`` is the same double wherever ``x * 1000`` is not within its rounding error of a
-    half (the integer is the same, and the division is correctly rounded); Python rounds those few. (The 70B
-    run's 104,000 ``round`` calls took ~0.1 s.)"""
+    ``rint(x * 1000) / 1000`` is the same double wherever the product ``x * 1000`` is further from a half than
+    its rounding error (half a spacing of doubles there): the integer is then the same, and the division is
+    correctly rounded. Python rounds the few others (all of them past 2^52 / 1000 us, 52 days, where the
+    spacing reaches 1). (The 70B run's 104,000 ``round`` calls took ~0.1 s.)"""
     x = seconds * 1e6  # [I]
     scaled = x * 1000  # [I]
     out = (np.rint(scaled) / 1000).tolist()
-    for i in (np.abs(scaled - np.floor(scaled) - 0.5) < 1e-3).nonzero()[0].tolist():
+    near = np.abs(scaled - np.floor(scaled) - 0.5) <= np.abs(np.spacing(scaled))  # [I]
+    for i in near.nonzero()[0].tolist():
         out[i] = round(float(x[i]), 3)
     return out
