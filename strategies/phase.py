@@ -9,17 +9,27 @@ of its strategy, in turn: phases never nest (the NVTX rule: one range per phase,
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sized
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from strategies.base import Strategy
+    from strategies.runtime.device.clock import Clock
+    from strategies.runtime.device.nvtx import Nvtx
     from strategies.runtime.iteration import IterationRecord
+
+
+class PhaseOwner(Protocol):
+    """What a phase reads of its strategy (``strategies/base.py``: Strategy)."""
+
+    nvtx: Nvtx
+    clock: Clock
+    running: Sized
 
 
 class HostPhase:
     __slots__ = ("_name", "_owner", "_rec", "_start")
 
-    def __init__(self, owner: Strategy) -> None:
+    def __init__(self, owner: PhaseOwner) -> None:
         self._owner = owner  # its clock, NVTX and running requests, read when a phase starts and ends
         self._rec: IterationRecord | None = None  # the phase under way, None between phases
         self._name = ""
