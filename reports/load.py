@@ -11,12 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import orjson
 import pandas as pd
 
 from reports.run_data import RunData, StrategyFrames
-from reports.token_times import flatten, gaps
+from reports.token_times import TokenTimes
 from reports.vllm_result import is_vllm_result, load_vllm_result
 
 
@@ -38,27 +37,20 @@ def load_run(path: Path, name: str | None = None, frames: dict[str, StrategyFram
         if held is not None:
             data.requests[strategy], data.iterations[strategy] = held.requests, held.iterations
             data.slots[strategy] = held.slots
-            finished = (held.requests["status"] == "finished").to_numpy()  # [R], the token times' rows
-            data.token_times[strategy] = held.token_times.flat
-            data.itl_ms[strategy] = held.token_times.gaps(finished) * 1e3
-            continue
-        data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
-        data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
-        if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
-            data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
-        with open(d / "tokens.jsonl", "rb") as f:
-            lines = [orjson.loads(line) for line in f]
-        ids, times = [obj["request_id"] for obj in lines], [obj["times_s"] for obj in lines]
-        done = set(data.requests[strategy].query("status == 'finished'")["request_id"])
-        data.token_times[strategy], data.itl_ms[strategy] = _token_arrays(ids, times, done)
+            times = held.token_times
+        else:
+            data.requests[strategy] = pd.read_parquet(d / "requests.parquet")
+            data.iterations[strategy] = pd.read_parquet(d / "iterations.parquet")
+            if (d / "slots.parquet").is_file():  # runs written before slot tenures were recorded have none
+                data.slots[strategy] = pd.read_parquet(d / "slots.parquet")
+            with open(d / "tokens.jsonl", "rb") as f:
+                lines = [orjson.loads(line) for line in f]
+            times = TokenTimes.of({obj["request_id"]: obj["times_s"] for obj in lines},
+                                  data.requests[strategy]["request_id"])
+        finished = (data.requests[strategy]["status"] == "finished").to_numpy()  # [R], the token times' rows
+        data.token_times[strategy] = times.flat  # every token's time, requests in row order
+        data.itl_ms[strategy] = times.gaps(finished) * 1e3  # the finished requests' inter-token gaps
     return data
-
-
-def _token_arrays(ids: list[str], times: list[list[float]], finished: set[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Every token's time (requests in order, each's tokens in order) and the inter-token gaps (ms) of the
-    finished requests."""
-    flat, counts = flatten(times)
-    return flat, gaps(flat, counts, np.fromiter((rid in finished for rid in ids), bool, len(ids))) * 1e3
 
 
 def load_runs(paths: list[Path], names: list[str] | None = None,

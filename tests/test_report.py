@@ -131,9 +131,14 @@ def test_a_runs_report_from_what_it_holds_equals_the_report_from_its_files(tmp_p
 
 
 def test_token_arrays_equal_request_by_request():
-    """The flat pass over every request's token times against the per-request arrays it replaced: empty,
-    one-token, finished and unfinished requests."""
-    from reports.load import _token_arrays
+    """The flat pass over every request's token times (what a report reads, from a run's files or from the
+    frames it holds) against the per-request arrays it replaced: empty, one-token, finished and unfinished
+    requests."""
+    from reports.token_times import TokenTimes
+
+    def _token_arrays(ids, times, finished):
+        held = TokenTimes.of(dict(zip(ids, times, strict=True)), ids)
+        return held.flat, held.gaps(np.array([rid in finished for rid in ids], bool)) * 1e3
 
     rng = np.random.default_rng(0)
     lengths = [0, 1, 5, 0, 3, 1, 7, 2]
