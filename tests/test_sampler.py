@@ -124,3 +124,16 @@ def test_filters_keep_exactly_what_hugging_face_keeps(top_k, top_p, min_p):
     if min_p:
         ref = MinPLogitsWarper(min_p)(None, ref)
     assert torch.equal(torch.isfinite(ours), torch.isfinite(ref))
+
+
+def test_step_flags_are_those_of_the_rows_slots():
+    """The step's two sampler flags (some row filters, some row samples at random), read over the rows'
+    slots as 16-bit words, against the rows' own flags in Python; empty, one row and every slot included."""
+    from strategies.runtime.buffers.step_io import modes_in_use
+
+    rng = np.random.default_rng(3)
+    for case in range(300):
+        modes = rng.random((64, 2)) < (0.02, 0.05) if case % 2 else rng.random((64, 2)) < 0.5  # [S, 2] bool
+        slots = rng.permutation(64)[:rng.integers(0, 65)] if case > 2 else np.arange(case * 32)[:64]
+        expected = (any(bool(modes[s, 0]) for s in slots), any(bool(modes[s, 1]) for s in slots))
+        assert modes_in_use(modes, slots) == expected

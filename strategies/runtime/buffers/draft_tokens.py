@@ -16,6 +16,7 @@ import numpy as np
 
 from strategies.runtime.batch import VerifyStep
 from strategies.runtime.buffers.mirrored import Memory, Mirrored
+from strategies.runtime.buffers.step_io import modes_in_use
 from strategies.runtime.request import Request
 
 
@@ -46,7 +47,7 @@ class DraftTokens:
             self.slots.np[i] = v.request.slot
             self.num_drafts.np[i] = len(v.drafts)
             drafts[i, :len(v.drafts)] = v.drafts
-        self.use_filters, self.any_random = slot_modes[self.slots.np[:n]].any(axis=0).tolist() if n else (False, False)
+        self.use_filters, self.any_random = modes_in_use(slot_modes, self.slots.np[:n])
 
     def upload(self) -> None:
         for m in (self.slots, self.drafts, self.num_drafts):

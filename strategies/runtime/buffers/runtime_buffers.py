@@ -43,7 +43,7 @@ class RuntimeBuffers:
         self.block_table = Mirrored(memory, (max_batch * max_blocks_per_seq,), "int64")
         self.logits = memory.zeros((max_rows, vocab_size), "float32")  # [B, V]
         self.tokens_per_block = tokens_per_block
-        self._arange = np.arange(max_seq_len, dtype=np.int64)
+        self._arange = np.arange(max(max_seq_len, max_tokens), dtype=np.int64)  # positions; packed rows
         # Segment metadata travels as host ints: the context loop needs them to shape its kernels.
         self.ctx_starts: list[int] = []
         self.ctx_lens: list[int] = []
@@ -124,7 +124,7 @@ class RuntimeBuffers:
             block, within = np.divmod(gen_pos, tokens_per_block)  # [G] each
             tok[off:end, PAGE] = table[gen_slots, block] * tokens_per_block + within
             if not beams:
-                rows[num_rows:num_rows + g] = np.arange(off, end)
+                rows[num_rows:num_rows + g] = self._arange[off:end]
                 num_rows += g
             kmax = int(gen_pos.max()) + 1
             width = max(width, -(-kmax // tokens_per_block))

@@ -18,13 +18,21 @@ from strategies.runtime.request import Request
 ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, early_stopping, prompt_len; stop ids
 
 
+def modes_in_use(slot_modes: np.ndarray, slots: np.ndarray) -> tuple[bool, bool]:
+    """(some row uses top-k/top-p/min-p, some row samples at random) over the rows' ``slots [R]``, from
+    ``slot_modes [S, 2]``: a slot's two flags read as one little-endian 16-bit word (filters the low byte) and
+    OR-ed over the rows — 2-3 us a step, where ``any(axis=0)`` took 6 at 32 rows and 10 at 235."""
+    word = int(np.bitwise_or.reduce(slot_modes.view("<u2")[slots, 0]))  # [S, 2] bool viewed [S, 1]; 0 for no rows
+    return bool(word & 0xFF), bool(word >> 8)
+
+
 class StepIO:
     HOST_STATE = ("num_rows", "num_admit", "num_single", "groups", "use_filters", "any_random")  # as RuntimeBuffers'
 
     def __init__(self, max_batch: int, max_stop_ids: int, memory: Memory, slot_modes: np.ndarray) -> None:
         self.max_stop_ids = max_stop_ids
         # [S, 2] per slot: its request uses top-k/p/min-p filters, samples at random. Set at admission, read
-        # per step as one gather (an any() over ~250 requests cost the host ~15 us a step). Shared by an
+        # per step by ``modes_in_use`` (an any() over ~250 requests cost the host ~15 us a step). Shared by an
         # engine's buffer sets: a slot's flags change only when a new request takes it, which no set still
         # being prepared can hold a row of.
         self.slot_modes = slot_modes
@@ -71,7 +79,7 @@ class StepIO:
             floats[i] = (s.temperature, s.top_p, s.min_p, s.length_penalty)
         single = [r for r in order if r.width == 1] if len(order) and order[-1].width > 1 else order
         self.num_single = len(single)
-        self.use_filters, self.any_random = modes[slots[:self.num_single]].any(axis=0).tolist()
+        self.use_filters, self.any_random = modes_in_use(modes, slots[:self.num_single])
         self.groups = []
         for r in order[self.num_single:]:
             # HF keeps max(2, 1 + stop ids) x K candidates, so that K unfinished ones always remain.
