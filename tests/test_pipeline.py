@@ -6,6 +6,7 @@ example in turn, so the processes start once.
 """
 
 import itertools
+import json
 import os
 import re
 import signal
@@ -14,6 +15,7 @@ import sys
 import time
 
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -238,6 +240,16 @@ def test_simulated_pipeline_bubbles_as_pipeline_theory_says(tmp_path):
     assert abs(out[1]["pipeline_bubble_fraction"] - 0.75) < 0.05
     assert out[4]["pipeline_bubble_fraction"] < 0.4
     assert out[4]["output_throughput"] > 1.5 * out[1]["output_throughput"]
+    # the timeline's stage lanes: each step's stage slices, in microseconds rounded as Python's round does
+    it = pd.read_parquet(tmp_path / "m4" / "pipeline" / "iterations.parquet").set_index("iteration")
+    events = json.loads((tmp_path / "m4" / "pipeline" / "timeline.json").read_text())["traceEvents"]
+    stages = [e for e in events if e["ph"] == "X" and e["name"].startswith("stage ")]
+    assert len(stages) == sum(map(len, it["stage_start_s"])) > len(it)
+    for e in stages:
+        s, row = int(e["name"].split()[1]), it.loc[e["args"]["iteration"]]
+        start, end = row["stage_start_s"][s], row["stage_end_s"][s]
+        assert (e["ts"], e["dur"], e["tid"]) == (round(start * 1e6, 3), round(max(end - start, 0.0) * 1e6, 3), 3 + s)
+        assert e["args"]["micro_batch"] == row["micro_batch"]
 
 
 def test_pipeline_on_cuda_is_refused_with_one_line(monkeypatch):

@@ -46,16 +46,15 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
                                         microseconds(dur)))
     numbers, tokens = iterations["iteration"].tolist(), iterations["num_tokens"].tolist()
     on_worker = iterations["worker"].tolist() if lanes else None
-    stage_starts = iterations["stage_start_s"].tolist() if stages else None
-    stage_ends = iterations["stage_end_s"].tolist() if stages else None
-    micro_batches = iterations["micro_batch"].tolist() if stages else None
+    if stages:  # each step's stage slices (none for a step never waited for), rounded as one array
+        first, stage_ts, stage_dur = _stage_slices(iterations)
+        micro_batches = iterations["micro_batch"].tolist()
     for i in range(len(numbers)):
         iteration = int(numbers[i])
         if stages:
-            # (none for a step never waited for)
-            for s, (start, end) in enumerate(zip(stage_starts[i], stage_ends[i], strict=True)):
-                events.append({"name": f"stage {s}", "cat": "device", "ph": "X", "ts": round(start * 1e6, 3),
-                               "dur": round(max(end - start, 0.0) * 1e6, 3), "pid": pid, "tid": DEVICE_TID + 1 + s,
+            for s, j in enumerate(range(first[i], first[i + 1])):
+                events.append({"name": f"stage {s}", "cat": "device", "ph": "X", "ts": stage_ts[j],
+                               "dur": stage_dur[j], "pid": pid, "tid": DEVICE_TID + 1 + s,
                                "args": {"iteration": iteration, "micro_batch": int(micro_batches[i])}})
         for phase, category, tid, ts, dur in lanes_of_phases:
             start, length = ts[i], dur[i]
@@ -65,6 +64,16 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
             events.append({"name": phase, "cat": category, "ph": "X", "ts": start, "dur": length,
                            "pid": pid, "tid": lane, "args": {"iteration": iteration, "tokens": int(tokens[i])}})
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def _stage_slices(iterations: pd.DataFrame) -> tuple[list[int], list[float], list[float]]:
+    """The pipeline's stage slices of every step, flattened: step i's are ``first[i]:first[i + 1]`` of their
+    starts and durations (microseconds)."""
+    starts, ends = iterations["stage_start_s"].tolist(), iterations["stage_end_s"].tolist()  # a tuple a step
+    first = np.cumsum([0, *map(len, starts)]).tolist()  # [I + 1]
+    start = np.array([t for step in starts for t in step], dtype=float)  # [sum of stages]
+    end = np.array([t for step in ends for t in step], dtype=float)  # [sum of stages]
+    return first, microseconds(start), microseconds(np.maximum(end - start, 0.0))
 
 
 def microseconds(seconds: np.ndarray) -> list[float]:
