@@ -113,7 +113,8 @@ class SimDecoder:
         keep = (u < rate) & (np.arange(k1 - 1) < num_drafts[:, None])  # [R, K]
         accepted = np.cumprod(keep, axis=1).sum(axis=1)  # [R] leading accepted drafts
         candidate = np.arange(k1) <= accepted[:, None]  # [R, K + 1]
-        is_stop = (self.stop_ids[slots][:, None, :] == target[:, :, None]).any(axis=2) & candidate  # [R, K + 1]
+        stops = self.stop_ids[slots, :self.stop_width]  # [R, w] the columns in use, as in ``step``
+        is_stop = (stops[:, None, :] == target[:, :, None]).any(axis=2) & candidate  # [R, K + 1]
         first_stop = np.where(is_stop.any(axis=1), is_stop.argmax(axis=1), k1)  # [R]
         room = (self.max_new[slots] - gen).astype(np.int64)  # [R]
         n = np.where(active, np.minimum(np.minimum(accepted + 1, first_stop + 1), room), 0)  # [R]
