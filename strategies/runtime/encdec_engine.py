@@ -15,7 +15,6 @@ import torch
 
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
-from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
 from strategies.runtime.device.stream import DeviceStream, DeviceWork
 from strategies.runtime.engine import Engine
 from strategies.runtime.kv.pool import KVCachePool
@@ -26,11 +25,8 @@ class EncoderDecoderEngine(Engine):
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream: DeviceStream, *, cross_blocks: int,
                  **sizes: int) -> None:
         super().__init__(cfg, model, stream, **sizes)
-        memory, tpb = stream.memory, sizes["tokens_per_block"]
-        self.cross = KVCachePool(cfg, cross_blocks, tpb, memory)  # [L, H, cross pages, D] keys, values
-        for bufs in self.buffer_sets:
-            bufs.encoder = EncoderBuffers(sizes["max_tokens"], sizes["max_batch"], sizes["max_seq_len"],
-                                          cfg.hidden_size, cfg.dtype, tpb, memory)
+        # [L, H, cross pages, D] keys, values (each buffer set's encoder buffers: Engine's, as on every device)
+        self.cross = KVCachePool(cfg, cross_blocks, sizes["tokens_per_block"], stream.memory)
 
     @property
     def kv_bytes(self) -> int:

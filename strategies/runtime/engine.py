@@ -16,6 +16,7 @@ import numpy as np
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.draft_tokens import DraftTokens
+from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
 from strategies.runtime.buffers.mirrored import Mirrored
 from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
 from strategies.runtime.buffers.step_io import StepIO
@@ -66,6 +67,12 @@ class Engine:
         if max_drafts:  # speculative decoding: each set's verifying rows (buffers/draft_tokens.py)
             for bufs in self.buffer_sets:
                 bufs.drafts = DraftTokens(max_batch, max_drafts, memory)
+        # Encoder–decoder models: each set's encoder input and cross-attention rows (buffers/encoder_buffers.py),
+        # which the host fills on every device, the simulated one included
+        if cfg.is_encoder_decoder:
+            for bufs in self.buffer_sets:
+                bufs.encoder = EncoderBuffers(max_tokens, max_batch, max_seq_len, cfg.hidden_size, cfg.dtype,
+                                              tokens_per_block, memory)
         # Disaggregated serving: the bounded buffer this engine's KV blocks leave or arrive through
         self.kv_staging = (KVStaging(cfg, kv_staging_blocks, tokens_per_block, memory) if kv_staging_blocks
                            else None)

@@ -38,10 +38,6 @@ class DeviceMemory:
         self.pinned = device.type == "cuda"  # pinned staging makes H2D/D2H copies asynchronous
         self._staging: set[int] = set()  # storages handed out by host(): the only legal copy ends
 
-    @property
-    def mode(self) -> str:
-        return "split" if self.split else "shared"
-
     def host(self, shape: tuple[int, ...], dtype: torch.dtype | str) -> torch.Tensor:
         """A host staging buffer (pinned on CUDA)."""
         t = torch.zeros(shape, dtype=torch_dtype(dtype))

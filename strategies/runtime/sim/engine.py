@@ -10,7 +10,6 @@ import numpy as np
 
 from strategies.runtime.batch import BatchWork, ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
-from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
 from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.engine import MAX_STOP_IDS, Engine
 from strategies.runtime.models.config import ModelConfig
@@ -46,11 +45,6 @@ class SimEngine(Engine):
         self.acceptance_rate = acceptance_rate  # speculative decoding: the forced acceptance (sim/decoder.py)
         self.stages = stages  # pipeline stages the simulated device is split into
         super().__init__(cfg, None, stream, **kwargs)  # no weights: nothing is computed
-        if cfg.is_encoder_decoder:  # the host fills encoder buffers as on a real device; nothing computes them
-            for bufs in self.buffer_sets:
-                bufs.encoder = EncoderBuffers(kwargs["max_tokens"], kwargs["max_batch"], kwargs["max_seq_len"],
-                                              cfg.hidden_size, cfg.dtype, kwargs["tokens_per_block"],
-                                              stream.memory)
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> None:
         return None  # nothing to store: the forward is not computed (blocks are still managed and counted)
