@@ -103,7 +103,7 @@ class TraceSource:
 
     def _send_later(self, turn: Request, nxt: Request) -> None:
         """Release the session's next turn: the history it carries, and when the client sends it."""
-        history = np.concatenate([turn.prompt_token_ids, np.asarray(turn.output_token_ids, dtype=np.int64)])
+        history = np.concatenate([turn.prompt_token_ids, turn.output_tokens])
         nxt.prepend_history(history)
         assert turn.finish_s is not None
         nxt.arrival_s = turn.finish_s + nxt.turn_delay_s

@@ -84,8 +84,7 @@ def tokens_jsonl(requests: list[Request]) -> bytes:
 
 
 def _token_line(r: Request) -> dict:
-    tokens = r.output_token_ids if r.beams else r.token_ids[r.prompt_len:]  # [n] int64 without beams
-    line = {"request_id": r.request_id, "tokens": tokens, "times_s": r.token_times_s}
+    line = {"request_id": r.request_id, "tokens": r.output_tokens, "times_s": r.token_times_s}
     if r.beams and len(r.beams) > 1:
         line["beams"] = [{"tokens": tokens, "score": score} for tokens, score in r.beams]
     return line

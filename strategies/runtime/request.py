@@ -177,11 +177,17 @@ class Request:
         return book.tokens[self.slot, : self.prompt_len + book.counters.item(self.slot, OUTPUTS)]
 
     @property
+    def output_tokens(self) -> np.ndarray:
+        """[n] the generated tokens (for beam search the best returned sequence), as an array: a view of the
+        progress where there is no beam search (read it before the request takes more tokens)."""
+        if self.beams:
+            return np.asarray(self.beams[0][0], dtype=np.int64)
+        return self.token_ids[self.prompt_len:]
+
+    @property
     def output_token_ids(self) -> list[int]:
         """The generated tokens; for beam search the best returned sequence."""
-        if self.beams:
-            return list(self.beams[0][0])
-        return self.token_ids[self.prompt_len:].tolist()
+        return self.output_tokens.tolist()
 
     @property
     def token_times_s(self) -> list[float]:
