@@ -91,9 +91,9 @@ def test_cpu_default_run_host_time(benchmark, tmp_path):
     """Beside the CPU device's figure, the same host code over the same requests on the simulated device
     (host time measured there too), once with its steps following one another within microseconds and
     once with the host spinning for the CPU run's median wait before each step's outputs, as a device's host
-    does, with no device process and no torch anywhere. The wait alone brings the host's time most of the
-    way to the CPU device's: after 10-20 ms of anything else the host's code and data are no longer in the
-    core's caches (the README's "Host speed" has the measurements)."""
+    does, with no device process and no torch anywhere. The wait alone brings the host's time to the CPU
+    device's (0.245-0.503 against 0.265-0.444 ms in five runs at 4e582ca, back to back 0.144-0.225): after
+    10-20 ms of anything else the host's code is no longer in the core's caches (the README's "Host speed")."""
     benchmark(lambda: None)
     _, summary = _best_run(["--strategies", "inflight"], tmp_path / "cpu")
     host_ms = float(summary["host_ms_per_iteration"].iloc[0])
@@ -106,7 +106,7 @@ def test_cpu_default_run_host_time(benchmark, tmp_path):
     print(f"\nCPU device, default run: inflight host {host_ms:.3f} ms per iteration (goal 0.15); the same host "
           f"code and requests between simulated steps: {warm_ms:.3f} ms, and after a {wait_s * 1e3:.1f} ms spin "
           f"for each step (no device): {spun_ms:.3f} ms")
-    assert host_ms <= 0.6 and warm_ms <= 0.35 and spun_ms <= 0.6
+    assert host_ms <= 0.6 and warm_ms <= 0.35 and spun_ms <= 0.7
 
 
 @pytest.mark.speed
