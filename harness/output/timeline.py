@@ -41,9 +41,7 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
             starts = iterations[f"{phase}_start_s"].to_numpy(float)  # [I]
             ends = iterations[f"{phase}_end_s"].to_numpy(float)  # [I]
             if not np.isnan(starts).all():
-                dur = np.maximum(ends - starts, 0.0)  # [I] NaN where either is
-                lanes_of_phases.append((phase, "host" if tid == HOST_TID else "device", tid, microseconds(starts),
-                                        microseconds(dur)))
+                lanes_of_phases.append((phase, "host" if tid == HOST_TID else "device", tid, *_slices(starts, ends)))
     numbers, tokens = iterations["iteration"].tolist(), iterations["num_tokens"].tolist()
     on_worker = iterations["worker"].tolist() if lanes else None
     if stages:  # each step's stage slices (none for a step never waited for), rounded as one array
@@ -73,7 +71,13 @@ def _stage_slices(iterations: pd.DataFrame) -> tuple[list[int], list[float], lis
     first = np.cumsum([0, *map(len, starts)]).tolist()  # [I + 1]
     start = np.array([t for step in starts for t in step], dtype=float)  # [sum of stages]
     end = np.array([t for step in ends for t in step], dtype=float)  # [sum of stages]
-    return first, microseconds(start), microseconds(np.maximum(end - start, 0.0))
+    return first, *_slices(start, end)
+
+
+def _slices(start: np.ndarray, end: np.ndarray) -> tuple[list[float], list[float]]:
+    """Slices from ``start`` to ``end`` [I] (seconds) as the trace's ``ts`` and ``dur``, in microseconds: a
+    length never negative, NaN where either end is."""
+    return microseconds(start), microseconds(np.maximum(end - start, 0.0))
 
 
 def microseconds(seconds: np.ndarray) -> list[float]:
