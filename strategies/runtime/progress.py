@@ -48,8 +48,7 @@ class SlotProgress:
         and output ``times``."""
         assert self.holder[slot] is None, f"slot {slot} is held"
         most = max(counters[MAX_NEW], counters[OUTPUTS])
-        if counters[PROMPT] + most > self.tokens.shape[1] or most > self.times.shape[1]:
-            self.fit(counters[PROMPT] + most, most)
+        self.fit(counters[PROMPT] + most, most)
         self.counters[slot] = counters
         self.tokens[slot, :len(tokens)] = tokens
         if times:  # (a first admission has none; a list written into an array costs ~0.4 us even empty)
@@ -95,7 +94,10 @@ class SlotProgress:
         return rest
 
     def fit(self, columns: int, time_columns: int) -> None:
-        """Widen the rows (doubling) so that a request of ``columns`` tokens fits; rare, and never per step."""
+        """Widen the rows (doubling) where a request of ``columns`` tokens and ``time_columns`` outputs does not
+        fit; rare (each admission asks), and never per step."""
+        if columns <= self.tokens.shape[1] and time_columns <= self.times.shape[1]:  # nearly always: it fits
+            return
         for name, need in (("tokens", columns), ("times", time_columns)):
             a = getattr(self, name)
             if need > a.shape[1]:
