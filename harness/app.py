@@ -39,13 +39,10 @@ from harness.options import RunOptions
 from harness.output.rejections import rejection_note
 from harness.output.run_files import write_run_files
 from harness.output.strategy_dir import write_strategy
+from harness.plan import check_draft_model, check_encoder_inputs, load_model, make_trace, resolve_executor
 from harness.runner import StrategyRun, build_requests, request_ids, run_strategy
-from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
 from reports.run_data import StrategyFrames
-from strategies.config import ExecutorConfig
-from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
-from strategies.runtime.models.config import PRESETS, ModelConfig
 
 EXIT_FAULT, EXIT_INTERRUPTED = 1, 130
 
@@ -56,76 +53,6 @@ class RunOutcome:
     summary: pd.DataFrame
     exit_code: int
     notes: list[str] = dataclasses.field(default_factory=list)  # printed under the summary (rejections)
-
-
-def make_trace(opts: RunOptions) -> Trace:
-    if opts.trace == "synthetic":
-        trace = synthetic_trace(opts.num_prompts, opts.input_len, opts.output_len, request_rate=opts.request_rate,
-                                burstiness=opts.burstiness, length_dist=opts.length_dist,
-                                range_ratio=opts.range_ratio, output_range_ratio=opts.output_range_ratio,
-                                prefix_len=opts.prefix_len, num_prefixes=opts.num_prefixes, seed=opts.seed,
-                                encoder_input_len=opts.encoder_input_len, ramp=opts.ramp(), sessions=opts.sessions())
-    else:
-        trace = load_trace(opts.trace, opts.trace_format)
-    fit = Fit(start_offset_s=opts.start_offset, limit=opts.limit, time_scale=opts.time_scale,
-              length_scale=opts.length_scale, max_input_len=opts.max_input_len, max_output_len=opts.max_output_len)
-    return fit_trace(trace, fit)
-
-
-def load_model(opts: RunOptions) -> tuple:
-    if opts.device == "sim":  # nothing is computed: buffers are sized for a stand-in vocabulary
-        from strategies.runtime.sim.engine import proxy_config
-        from strategies.runtime.sim.specs import resolve_model_spec
-
-        try:
-            return proxy_config(resolve_model_spec(opts.model_spec)), None
-        except ValueError as exc:
-            raise UserError(str(exc)) from None
-    try:
-        cfg = resolve_model_config(opts.model).with_dtype(opts.dtype or "float32")
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    from strategies.runtime.models.llama import build_model, script_model  # torch: never on the simulated device
-
-    try:  # the host's model; each engine places a copy of its own on the device (DeviceMemory.place)
-        model = build_model(cfg) if opts.model in PRESETS else load_checkpoint(opts.model, cfg)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    return cfg, (script_model(model) if opts.compile else model)
-
-
-def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
-    """The executor config; on the simulated device, KV capacity comes from GPU memory minus weights."""
-    executor = opts.executor_config()
-    if executor.sim is None:
-        return executor, None
-    from strategies.runtime.sim.build import cost_model
-
-    try:
-        cost = cost_model(executor.sim)
-    except ValueError as exc:
-        raise UserError(str(exc)) from None
-    spec = executor.speculative
-    try:
-        draft = cost_model(dataclasses.replace(executor.sim, model_spec=spec.model)) if spec and spec.model else None
-    except ValueError as exc:  # its message names --model-spec: the draft's spec is the config's model key
-        raise UserError(f"--speculative-config model: {exc}".replace("--model-spec ", "")) from None
-    capacity = cost.kv_capacity_tokens(draft=draft)
-    if cost.spec.is_encoder_decoder:  # cross-attention KV takes the same bytes per token: split the memory
-        capacity //= 2
-        if executor.cross_kv_blocks is None:
-            executor = dataclasses.replace(executor, cross_kv_blocks=max(1, capacity // executor.tokens_per_block))
-    if executor.kv_blocks is None:
-        blocks = capacity // executor.tokens_per_block
-        if blocks <= 0:
-            raise UserError(f"{executor.sim.model_spec} does not fit on {executor.sim.tp} x {cost.profile.gpu.name}: "
-                            f"weights {cost.weight_bytes / 1e9:.0f} GB leave no room for KV (try a larger --tp)")
-        executor = dataclasses.replace(executor, kv_blocks=blocks)
-    info = {"kv_capacity_tokens": capacity, "weight_bytes": cost.weight_bytes,
-            "kv_bytes": (executor.total_kv_blocks + (executor.total_cross_kv_blocks if cost.spec.is_encoder_decoder
-                                                     else 0)) * executor.tokens_per_block * cost.kv_bytes_per_token,
-            "kv_bytes_per_token": cost.kv_bytes_per_token, "profile": dataclasses.asdict(cost.profile)}
-    return executor, info
 
 
 def prepare_out(out: Path, force: bool) -> None:
@@ -146,39 +73,8 @@ def _swap_into_place(staging: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _check_encoder_inputs(opts: RunOptions, model_cfg: ModelConfig, trace: Trace) -> None:
-    """An encoder–decoder model needs an encoder input on every request; a decoder-only one takes none."""
-    with_encoder = sum(1 for t in trace.requests if t.encoder_tokens)
-    if model_cfg.is_encoder_decoder and "pipeline" in opts.strategies and opts.device != "sim":
-        raise UserError(f"--model {opts.model}: the pipeline strategy's stages run decoder-only models")
-    if model_cfg.is_encoder_decoder and ("disagg" in opts.strategies or opts.num_replicas > 1):
-        raise UserError(f"--model {opts.model}: disagg's and --num-replicas' engines run decoder-only models")
-    if model_cfg.is_encoder_decoder:
-        if with_encoder < len(trace.requests):
-            raise UserError(f"--model {opts.model} is an encoder–decoder model: {len(trace.requests) - with_encoder} "
-                            "requests have no encoder input (--encoder-input-len, or encoder_prompt_token_ids / "
-                            "encoder_input_tokens on each trace line)")
-        if opts.prefix_caching:
-            raise UserError("--prefix-caching: an encoder–decoder model's decoder KV depends on the encoder input, "
-                            "which the block hashes do not cover")
-    elif with_encoder:
-        raise UserError(f"--model {opts.model} is decoder-only, but {with_encoder} requests have an encoder input")
 
 
-def _check_draft_model(opts: RunOptions, model_cfg: ModelConfig) -> None:
-    """A draft model on a real device: it must exist and share the target's vocabulary."""
-    spec = opts.speculative()
-    if spec is None or spec.model is None or opts.device == "sim":
-        return
-    from strategies.runtime.spec.draft_model import draft_config
-
-    try:
-        cfg = draft_config(spec.model, model_cfg)
-    except ValueError as exc:
-        raise UserError(str(exc).replace("--model ", "--speculative-config model: ", 1)) from None
-    if opts.max_seq_len is not None and cfg.max_position_embeddings < opts.max_seq_len:
-        raise UserError(f"--speculative-config model {spec.model!r}: its context ({cfg.max_position_embeddings}) is "
-                        f"shorter than --max-seq-len ({opts.max_seq_len})")
 
 
 def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool = True, report: bool = True,
@@ -195,8 +91,8 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
         log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
     model_cfg, model = load_model(opts)
     opts = resolve_max_seq_len(opts, model_cfg)
-    _check_encoder_inputs(opts, model_cfg, trace)
-    _check_draft_model(opts, model_cfg)
+    check_encoder_inputs(opts, model_cfg, trace)
+    check_draft_model(opts, model_cfg)
     executor, sim_info = resolve_executor(opts)
     defaults = opts.sampling_defaults()
     # The decoder state and block tables hold as many beam rows per slot as the widest request needs.

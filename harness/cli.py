@@ -1,4 +1,4 @@
-"""The ``slotbench`` command: run, suite, report, calibrate, step-cost, trace-info.
+"""The ``slotbench`` command: run, suite, report, compare, calibrate, step-cost, trace-info.
 
 Bad input prints one line and exits 2. A fault stops the run, writes what was measured and exits 1;
 Ctrl-C does the same with exit 130, and a second Ctrl-C exits at once.
@@ -21,6 +21,7 @@ from typing import NoReturn
 
 import pandas as pd
 
+from harness.compare.run import add_compare_parser, cmd_compare
 from harness.errors import UserError
 from harness.options import RunOptions
 
@@ -98,11 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--dtype", default=None, choices=("float32", "float64", "bfloat16", "float16"),
                       help="default: the spec's own")
     cost.add_argument("--tp", type=int, default=1)
+    cost.add_argument("--ep", type=int, default=1, help="expert parallelism (a mixture of experts): 1 or --tp")
     cost.add_argument("--profile", default=None, help="a device profile (from `slotbench calibrate`)")
     cost.add_argument("--decode", action="append", default=[], metavar="B:KV",
                       help="B generation rows with KV cached tokens each (repeatable)")
     cost.add_argument("--prefill", action="append", default=[], metavar="N[:KV]",
                       help="one N-token prompt chunk after KV cached tokens (repeatable)")
+    add_compare_parser(sub)
     info = sub.add_parser("trace-info", help="rows, duration, rate, length percentiles, burstiness")
     info.add_argument("path")
     info.add_argument("--trace-format", default="auto")
@@ -211,7 +214,8 @@ def _cmd_step_cost(args: argparse.Namespace) -> int:
     from strategies.runtime.sim.step_cost import parse_pieces
 
     try:
-        sim = SimConfig(gpu=args.gpu, model_spec=args.model_spec, tp=args.tp, profile=args.profile, dtype=args.dtype)
+        sim = SimConfig(gpu=args.gpu, model_spec=args.model_spec, tp=args.tp, ep=args.ep, profile=args.profile,
+                        dtype=args.dtype)
         model = cost_model(sim)
         work = parse_pieces(args.decode, args.prefill)
     except ValueError as exc:
@@ -256,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = parser.parse_args(["run", *argv])
     commands = {"run": _cmd_run, "suite": _cmd_suite, "report": _cmd_report, "trace-info": _cmd_trace_info,
-                "calibrate": _cmd_calibrate, "step-cost": _cmd_step_cost}
+                "calibrate": _cmd_calibrate, "step-cost": _cmd_step_cost, "compare": cmd_compare}
     _install_sigint()
     try:
         return commands[args.command](args)

@@ -118,13 +118,13 @@ def request_metrics(requests: pd.DataFrame, token_times: TokenTimes,
 def kv_transfer_metrics(done: pd.DataFrame, percentiles: tuple[float, ...]) -> dict:
     """Disaggregated serving: the KV transfer of each request that moved (start to landing), its bytes, and
     the queueing on each side: for a prefill worker's slot (arrival → first admission) and in the prealloc
-    queue (first token read → transfer start: no decode worker had room)."""
+    queue (the prefill worker's handoff → transfer start: no decode worker had room)."""
     moved = done[done["kv_transfer_ms"].notna()]
     out = _stats("kv_transfer", moved["kv_transfer_ms"].to_numpy(), percentiles)
     out["mean_kv_transfer_bytes"] = float(moved["kv_transfer_bytes"].mean())
     out.update(_stats("prefill_queue", ((done["admitted_s"] - done["arrival_s"]) * 1e3).dropna().to_numpy(),
                       percentiles))
-    out.update(_stats("kv_queue", ((moved["kv_transfer_start_s"] - moved["first_token_s"]) * 1e3).to_numpy(),
+    out.update(_stats("kv_queue", ((moved["kv_transfer_start_s"] - moved["kv_ready_s"]) * 1e3).to_numpy(),
                       percentiles))
     return out
 

@@ -20,6 +20,7 @@ from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 from strategies.runtime.buffers.mirrored import MEMORY_MODES
 from strategies.runtime.kv_transfer.config import LINKS_GBPS, DisaggConfig
 from strategies.runtime.sampling_params import SamplingParams
+from strategies.runtime.sim.config import SERVING_CHOICES
 from strategies.runtime.spec.config import SpecConfig, parse_speculative_config
 
 
@@ -43,13 +44,22 @@ class RunOptions:
     model_spec: str = _opt("llama-3-8b", "sim: model shapes (llama-3-8b, llama-3-70b, qwen2.5-7b, tiny, small, "
                                          "or a config.json directory)")
     tp: int = _opt(1, "sim: tensor-parallel degree")
+    ep: int = _opt(1, "sim, a mixture-of-experts spec: expert-parallel degree (= --tp: whole experts split over "
+                      "the engine's GPUs, an all-to-all each way per layer; 1: every expert sharded --tp ways)")
     profile: str | None = _opt(None, "sim: calibrated device profile (from `slotbench calibrate`)")
     host_time: str = _opt("measured", "sim: host time measured (real host code) or modelled",
                           choices=("measured", "modelled"))
     host_ms_per_iteration: float = _opt(0.0, "sim, modelled host time: per iteration")
     host_us_per_request: float = _opt(0.0, "sim, modelled host time: per request in the batch")
+    serving_path: str = _opt("auto", "sim: what a streaming client's TTFT and E2E include beyond the engine: vllm "
+                                     "(vLLM's OpenAI API server: 6.2 ms a request and 43 us per output row of a "
+                                     "step, docs/simulator.md), none (the engine's own times), auto (vllm on a GPU, "
+                                     "none on --gpu cpu)", choices=SERVING_CHOICES)
     trace: str = _opt("synthetic", "'synthetic' or a trace file path")
     trace_format: str = _opt("auto", "replay format", choices=("auto", *FORMATS))
+    workload_config: str | None = _opt(None, "a load generator's workload instead of --trace: an inference-perf "
+                                             "config (YAML: shared_prefix, random or synthetic data; constant or "
+                                             "poisson load in stages), or a measured run's JSON (../shared/validation)")
     num_prompts: int = _opt(200, "synthetic: number of requests")
     request_rate: float = _opt(math.inf, "synthetic: requests/s (inf: all at t=0)")
     burstiness: float = _opt(1.0, "synthetic: gamma shape of inter-arrivals (1.0 = Poisson)")
@@ -169,6 +179,8 @@ class RunOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         self.ramp()
         self.sessions()
+        if self.workload_config is not None and self.trace != "synthetic":
+            raise UserError("--workload-config builds the requests: leave --trace out")
         if self.encoder_input_len < 0:
             raise UserError(f"--encoder-input-len must be >= 0, got {self.encoder_input_len}")
         if self.prefix_len < 0:
@@ -259,9 +271,9 @@ class RunOptions:
     def sim_config(self) -> SimConfig | None:
         if self.device != "sim":
             return None
-        return SimConfig(gpu=self.gpu, model_spec=self.model_spec, tp=self.tp, profile=self.profile, dtype=self.dtype,
-                         host_time=self.host_time, host_ms_per_iteration=self.host_ms_per_iteration,
-                         host_us_per_request=self.host_us_per_request)
+        return SimConfig(gpu=self.gpu, model_spec=self.model_spec, tp=self.tp, ep=self.ep, profile=self.profile,
+                         dtype=self.dtype, host_time=self.host_time, host_ms_per_iteration=self.host_ms_per_iteration,
+                         host_us_per_request=self.host_us_per_request, serving_path=self.serving_path)
 
     def executor_config(self, max_seq_len: int | None = None) -> ExecutorConfig:
         max_seq_len = max_seq_len or self.max_seq_len

@@ -69,7 +69,7 @@ def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_si
         encoder = prompts.encoder_prompt(t) if fits else None
         out.append(Request(rid, prompt, t.output_tokens, sampling, arrival_s=t.arrival_s,
                            num_prompt_tokens=t.input_tokens, encoder_prompt_token_ids=encoder,
-                           session_id=t.session_id, turn=t.turn, turn_delay_s=t.delay_s))
+                           session_id=t.session_id, turn=t.turn, turn_delay_s=t.delay_s, stage=t.stage))
     return out
 
 

@@ -53,6 +53,13 @@ def render(runs: list[RunData], baseline: str | None = None, title: str = "slotb
                   "of host time that did run while the device was busy. Where the headroom is small, overlap has "
                   "little to gain; where the hidden share is high, it took what there was.</p>",
                   to_html_table(overlap)]
+    compared = [r.compare.assign(run=r.name) for r in runs if r.compare is not None]
+    if compared:
+        parts += ["<h2>Predicted against measured</h2>",
+                  '<p class="note">From `slotbench compare`: each measured figure of each load stage (stage -1: the '
+                  "whole run) beside this run's, rel_error = predicted / measured − 1. TPOT is (mean E2E − mean "
+                  "TTFT) / (output tokens − 1) on both sides; saturated_pct: requests unfinished or with TTFT over "
+                  "10 s (predicted only).</p>", to_html_table(pd.concat(compared, ignore_index=True))]
     parts += [f"<h2>Ratios against {html.escape(baseline)}</h2>",
               '<p class="note">Each metric divided by the baseline strategy\'s in the same run: throughputs '
               "above 1 and latencies below 1 are better.</p>",

@@ -27,6 +27,8 @@ def load_run(path: Path, name: str | None = None, frames: dict[str, StrategyFram
     meta = json.loads((path / "run.json").read_text()) if (path / "run.json").is_file() else {}
     summary = pd.read_csv(path / "summary.csv")
     data = RunData(name or path.name, path, meta, summary)
+    if (path / "compare.csv").is_file():  # written by `slotbench compare`
+        data.compare = pd.read_csv(path / "compare.csv")
     for strategy in summary["strategy"]:
         d = path / str(strategy)
         if not d.is_dir():

@@ -35,3 +35,4 @@ class RunData:
     itl_ms: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → pooled inter-token gaps
     token_times: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → every token's time
     slices: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → slices.csv (--slice-duration)
+    compare: pd.DataFrame | None = None  # compare.csv (`slotbench compare`: predicted against measured)

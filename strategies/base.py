@@ -243,9 +243,10 @@ class Strategy(Executor):
         Rows that only continue their request are handed out in the progress book at once."""
         with self._phase(rec, "postprocess"):
             out = self.engine.outputs(bufs)  # [R, 2] token, finish code
-            now = self.clock.now()  # the host holds the tokens from here: what a streaming client sees
             io = bufs.step
             rows, n = io.rows, len(io.rows)
+            # the host holds the tokens from here; a streaming client sees them after the serving path
+            now = self.clock.client_time(self.clock.now(), n)
             beams_done: list[tuple[Request, int]] = []
             running = Status.RUNNING
             for i in self.progress.hand_out(io.slots.np[:n], io.keys[:n], out, now):

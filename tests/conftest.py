@@ -7,6 +7,7 @@ import pytest
 SHARED = Path(__file__).resolve().parents[2] / "shared"
 SHARED_TRACES = SHARED / "traces"
 SHARED_PROFILES = SHARED / "profiles"
+SHARED_VALIDATION = SHARED / "validation"
 # CI (.ci/run) sets SLOTBENCH_CI: every dependency a test needs is installed there, so a test skipped for
 # a missing one (transformers, ray, playwright, chromium, a C compiler, ../shared) fails the run. Only a
 # GPU is legitimately absent.
@@ -35,6 +36,12 @@ def _shared(path: Path, what: str) -> Path:
 def shared_traces() -> Path:
     """../shared/traces beside the checkout: present in CI, absent in a user's clone."""
     return _shared(SHARED_TRACES, "real traces")
+
+
+@pytest.fixture(scope="session")
+def validation() -> Path:
+    """../shared/validation/vllm-h100: measured vLLM serving runs (present in CI)."""
+    return _shared(SHARED_VALIDATION / "vllm-h100", "measured vLLM runs")
 
 
 @pytest.fixture(scope="session")

@@ -241,7 +241,8 @@ def test_simulated_transfer_costs_what_the_link_says(tmp_path):
     assert row["mean_kv_transfer_ms"] == pytest.approx(req["kv_transfer_ms"].mean())
     queued = (req["admitted_s"] - req["arrival_s"]) * 1e3
     assert (queued >= 0).all() and row["mean_prefill_queue_ms"] == pytest.approx(queued.mean())
-    waited = (req["kv_transfer_start_s"] - req["first_token_s"]) * 1e3
+    waited = (req["kv_transfer_start_s"] - req["kv_ready_s"]) * 1e3
+    assert (req["kv_ready_s"] >= req["admitted_s"]).all()
     assert (waited >= 0).all() and row["p99_kv_queue_ms"] == pytest.approx(np.percentile(waited, 99))
 
 

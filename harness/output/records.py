@@ -7,9 +7,11 @@
   undefined), session_id and turn (multi-turn sessions: <NA> and 0 outside one; a later turn's input_tokens
   count its history, and a turn its session never sent is rejected with the reason, arriving when the
   session ended); admitted_s (its first admission into a slot: where its queueing ended; NaN if never);
-  kv_transfer_start_s, kv_transfer_end_s, kv_transfer_ms, kv_transfer_bytes (the disagg
-  strategy: when the prompt's KV left the prefill worker and landed on the decode worker, and the bytes moved;
-  NaN and 0 for a request that never moved).
+  kv_ready_s, kv_transfer_start_s, kv_transfer_end_s, kv_transfer_ms, kv_transfer_bytes (the disagg
+  strategy: when the prompt's KV was ready to leave the prefill worker (its handoff, engine time), left it and
+  landed on the decode worker, and the bytes moved;
+  NaN and 0 for a request that never moved); stage (the load stage it was sent in: a workload config's
+  stages, in order from 0; 0 without them).
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
 ``slots.parquet`` (one row per slot tenure: a request's hold on a slot from admission to release):
   request_id, slot, width (beams), start_iteration, decode_iteration (first step after the prefill; -1 if it
@@ -35,8 +37,8 @@ from strategies.runtime.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
                    "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "ttft_ms", "tpot_ms",
-                   "e2el_ms", "session_id", "turn", "admitted_s", "kv_transfer_start_s", "kv_transfer_end_s",
-                   "kv_transfer_ms", "kv_transfer_bytes"]
+                   "e2el_ms", "session_id", "turn", "admitted_s", "kv_ready_s", "kv_transfer_start_s",
+                   "kv_transfer_end_s", "kv_transfer_ms", "kv_transfer_bytes", "stage"]
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
@@ -49,16 +51,17 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         e2el = (finish - r.arrival_s) * 1e3
         tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else nan
         admitted = r.admitted_s if r.admitted_s is not None else nan
+        kv_ready = r.kv_ready_s if r.kv_ready_s is not None else nan
         kv_start = r.kv_transfer_start_s if r.kv_transfer_start_s is not None else nan
         kv_end = r.kv_transfer_end_s if r.kv_transfer_end_s is not None else nan
         rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
                      r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
-                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn, admitted, kv_start, kv_end,
-                     (kv_end - kv_start) * 1e3, r.kv_transfer_bytes))
+                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn, admitted, kv_ready,
+                     kv_start, kv_end, (kv_end - kv_start) * 1e3, r.kv_transfer_bytes, r.stage))
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
-                      "cached_tokens": "int64", "turn": "int64", "kv_transfer_bytes": "int64", "session_id": "string",
-                      "request_id": "string", "status": "string", "finish_reason": "string"})
+                      "cached_tokens": "int64", "turn": "int64", "kv_transfer_bytes": "int64", "stage": "int64",
+                      "session_id": "string", "request_id": "string", "status": "string", "finish_reason": "string"})
 
 
 def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:

@@ -39,7 +39,9 @@ def write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, s
         "host_time": executor.sim.host_time if executor.sim else "measured",
         "sim": sim_info,
         "trace": {"source": trace.source, "format": trace.format, "sha256": trace.sha256, "requests": len(trace),
-                  "skipped_failed_rows": trace.skipped, "notes": list(trace.notes)},
+                  "skipped_failed_rows": trace.skipped, "notes": list(trace.notes),
+                  # a workload's load stages: requests.parquet's ``stage`` k was sent in stages[k]
+                  "stages": [{"start_s": s, "end_s": e, "rate_rps": r} for s, e, r in trace.stages]},
         "strategies": [{"name": r.name, "wall_s": r.wall_s, "warmup_s": r.warmup_s, "error": r.error,
                         "interrupted": r.interrupted, "torch_threads": r.torch_threads} for r in runs],
     }

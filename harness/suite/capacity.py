@@ -146,7 +146,7 @@ def _natural_rate(opts: RunOptions) -> float | None:
     """A replayed trace's mean request rate once fitted at time scale 1; None for a synthetic trace."""
     if opts.trace == "synthetic":
         return None
-    from harness.app import make_trace
+    from harness.plan import make_trace
 
     arrivals = [r.arrival_s for r in make_trace(replace(opts, time_scale=1.0)).requests]
     span = max(arrivals) - min(arrivals)

@@ -30,6 +30,7 @@ class TraceRequest:
     session_id: str | None = None
     turn: int = 0
     delay_s: float = 0.0
+    stage: int = 0  # the load stage it was sent in (a workload config's stages, harness/traces/workload.py)
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class Trace:
     sha256: str | None = None
     skipped: int = 0  # rows the format defines as failed requests (BurstGPT: zero response tokens)
     notes: tuple[str, ...] = field(default=())  # things the loader fixed and says once (e.g. "sorted")
+    stages: tuple[tuple[float, float, float], ...] = ()  # a workload's load stages: (start s, end s, rate req/s)
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -92,6 +92,9 @@ class DisaggStrategy(Fleet):
 
     def _after_step(self, w: Worker) -> None:
         if isinstance(w, PrefillWorker):
+            now = self.clock.now()  # the engine's time: a client's first token may come later (--serving-path)
+            for r in w.handoffs:
+                r.kv_ready_s = now
             self.transceiver.queue.extend((r, w) for r in w.handoffs)
             w.handoffs.clear()
 

@@ -68,6 +68,7 @@ class Request:
     session_id: str | None = None
     turn: int = 0
     turn_delay_s: float = 0.0
+    stage: int = 0  # the load stage the client sent it in (a workload's stages; 0 without them)
 
     status: Status = Status.WAITING
     slot: int | None = None
@@ -80,6 +81,7 @@ class Request:
     admitted_s: float | None = None  # first admission (run clock): where its wait in the queue ended
     # Disaggregated serving: when the prompt's KV left the prefill worker and landed on the decode worker
     # (run clock), and the bytes moved (whole blocks)
+    kv_ready_s: float | None = None  # its prompt's KV ready to leave the prefill worker (the handoff)
     kv_transfer_start_s: float | None = None
     kv_transfer_end_s: float | None = None
     kv_transfer_bytes: int = 0

@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from harness.app import load_model, make_trace, resolve_executor
 from harness.context_length import resolve_max_seq_len
 from harness.options import RunOptions
+from harness.plan import load_model, make_trace, resolve_executor
 from harness.runner import build_requests, run_strategy
 from strategies.runtime.sampling_params import SamplingParams
 

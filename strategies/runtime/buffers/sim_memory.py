@@ -16,7 +16,9 @@ class SimMemory:
         return np.zeros(shape, dtype)
 
     def zeros(self, shape: tuple[int, ...], dtype: str, fill: float = 0) -> np.ndarray:
-        return np.full(shape, fill, dtype)
+        # np.zeros takes pages the OS zeroes on first touch: a buffer the simulated device never writes (the
+        # logits, [rows, the spec's vocabulary]) costs no memory
+        return np.zeros(shape, dtype) if fill == 0 else np.full(shape, fill, dtype)
 
     def mirror(self, host: np.ndarray) -> np.ndarray:
         return host

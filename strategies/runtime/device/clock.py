@@ -20,6 +20,11 @@ class Clock:
         """The run-clock time of a ``time.perf_counter()`` reading."""
         return perf_s - self.t0
 
+    def client_time(self, now: float, rows: int) -> float:
+        """When a streaming client receives the tokens a step handed out at ``now`` (``rows`` of them): here,
+        at once; a simulated device may add a serving path's delay (sim/config.py: SERVING_PATHS)."""
+        return now
+
     def charge_host(self, phase: str, requests: int) -> None:
         """A host phase ended. Real clocks have already counted it; a modelled one adds its cost."""
 

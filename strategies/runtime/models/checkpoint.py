@@ -13,7 +13,7 @@ from strategies.runtime.models.config import DTYPE_BYTES, PRESETS, ModelConfig
 if TYPE_CHECKING:
     import torch
 
-_SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"}
+_SUPPORTED_ARCHS = {"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "MixtralForCausalLM"}
 _BART_ARCHS = {"BartForConditionalGeneration"}
 
 
@@ -55,8 +55,9 @@ def config_from_hf(hf: dict, source: str = "config.json", dtype: str | None = No
     if not archs & _SUPPORTED_ARCHS:
         raise ValueError(f"{source}: architecture {sorted(archs)} is not Llama-style "
                          f"(supported: {', '.join(sorted(_SUPPORTED_ARCHS | _BART_ARCHS))})")
-    if hf.get("rope_scaling"):
-        raise ValueError(f"{source}: rope_scaling {hf['rope_scaling']!r} is not supported")
+    rope = hf.get("rope_parameters") or {}  # transformers 5 keeps rope_theta there
+    if hf.get("rope_scaling") or rope.get("rope_type", "default") != "default":
+        raise ValueError(f"{source}: rope scaling {hf.get('rope_scaling') or rope!r} is not supported")
     if hf.get("attention_bias") or hf.get("mlp_bias"):
         raise ValueError(f"{source}: attention/MLP biases are not supported")
     eos = hf.get("eos_token_id", 2)
@@ -68,11 +69,14 @@ def config_from_hf(hf: dict, source: str = "config.json", dtype: str | None = No
         vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
         num_hidden_layers=hf["num_hidden_layers"], num_attention_heads=heads,
         num_key_value_heads=hf.get("num_key_value_heads") or heads,
-        intermediate_size=hf["intermediate_size"], rope_theta=float(hf.get("rope_theta", 10000.0)),
+        intermediate_size=hf["intermediate_size"],
+        rope_theta=float(hf.get("rope_theta") or rope.get("rope_theta") or 10000.0),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         max_position_embeddings=hf.get("max_position_embeddings", 2048),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
         eos_token_id=int(eos if eos is not None else 0), dtype=dtype,
+        num_local_experts=int(hf.get("num_local_experts") or 0),
+        num_experts_per_tok=int(hf.get("num_experts_per_tok") or 0),
     )
 
 
@@ -100,7 +104,8 @@ def load_checkpoint(path: str | Path, cfg: ModelConfig, device: torch.device | s
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    state = {k.removeprefix("model."): v for k, v in state.items()}
+    # Mixtral's sparse MLP is the layer's ``mlp`` here (models/moe.py)
+    state = {k.removeprefix("model.").replace(".block_sparse_moe.", ".mlp."): v for k, v in state.items()}
     if cfg.is_encoder_decoder:
         return _load_bart(path, cfg, state, device)
     if "lm_head.weight" not in state:

@@ -38,6 +38,10 @@ class ModelConfig:
     decoder_start_token_id: int = 2  # bart: the decoder's first input when a request gives no decoder prompt
     scale_embedding: bool = False  # bart: embeddings scaled by sqrt(d_model)
     layer_norm_eps: float = 1e-5  # bart's LayerNorms
+    # Mixture of experts (Mixtral's sparse MLP): each layer's MLP is num_local_experts experts of
+    # intermediate_size, each token routed to num_experts_per_tok of them; 0: a dense MLP
+    num_local_experts: int = 0
+    num_experts_per_tok: int = 0
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -54,6 +58,12 @@ class ModelConfig:
             raise ValueError("model config: head_dim must be even for RoPE")
         if self.is_encoder_decoder and self.encoder_layers <= 0:
             raise ValueError("model config: an encoder–decoder model needs encoder_layers > 0")
+        if self.num_local_experts or self.num_experts_per_tok:
+            if not 1 <= self.num_experts_per_tok <= self.num_local_experts:
+                raise ValueError("model config: a mixture of experts needs 1 <= num_experts_per_tok <= "
+                                 f"num_local_experts, got {self.num_experts_per_tok} of {self.num_local_experts}")
+            if self.is_encoder_decoder:
+                raise ValueError("model config: experts are supported in Llama-style decoders only")
         if self.dtype not in DTYPE_BYTES:
             raise ValueError(f"model config: dtype must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
         if not 0 <= self.eos_token_id < self.vocab_size:
@@ -62,6 +72,10 @@ class ModelConfig:
     @property
     def is_encoder_decoder(self) -> bool:
         return self.architecture == "bart"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_local_experts > 0
 
     @property
     def head_dim(self) -> int:
@@ -82,7 +96,8 @@ class ModelConfig:
             enc, dec = attn + ffn + 4 * h, 2 * attn + ffn + 6 * h
             positions = 2 * (self.max_position_embeddings + 2) * h
             return v * h + v + positions + 4 * h + self.encoder_layers * enc + self.num_hidden_layers * dec
-        per_layer = h * h * 2 + h * kv * 2 + 3 * h * i + 2 * h
+        mlp = self.num_local_experts * 3 * h * i + h * self.num_local_experts if self.is_moe else 3 * h * i
+        per_layer = h * h * 2 + h * kv * 2 + mlp + 2 * h
         return v * h * (1 if self.tie_word_embeddings else 2) + self.num_hidden_layers * per_layer + h
 
     @property
@@ -105,6 +120,10 @@ PRESETS: dict[str, ModelConfig] = {
     "small": ModelConfig(vocab_size=4096, hidden_size=256, num_hidden_layers=4, num_attention_heads=8,
                          num_key_value_heads=2, intermediate_size=688, max_position_embeddings=2048),
     # An encoder–decoder (BART-shaped) for the encoder buffers and cross-attention KV.
+    # A Mixtral-shaped decoder: 4 experts of which each token takes 2 (the mixture of experts' code paths).
+    "tiny-moe": ModelConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=96, max_position_embeddings=1024,
+                            num_local_experts=4, num_experts_per_tok=2),
     "tiny-bart": ModelConfig(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                              num_key_value_heads=4, intermediate_size=128, max_position_embeddings=1024,
                              architecture="bart", encoder_layers=2, tie_word_embeddings=True),

@@ -1,4 +1,5 @@
-"""A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU) over a packed token batch.
+"""A Llama-style decoder (RMSNorm, RoPE, grouped-query attention, SwiGLU, or Mixtral's mixture of experts:
+``moe.py``) over a packed token batch.
 
 The forward takes one flat list of tokens that mixes context (prefill) chunks and generation steps of
 different requests. Every token carries the page it writes its key and value to (the paged KV cache:
@@ -17,6 +18,7 @@ from torch import nn
 
 from strategies.runtime.kv.paged_attention import paged_attention, step_indices
 from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.models.moe import SparseMoE
 
 
 class RMSNorm(nn.Module):
@@ -115,7 +117,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoE(cfg) if cfg.is_moe else MLP(cfg)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor,
                 v_pool: torch.Tensor, kv_index: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],

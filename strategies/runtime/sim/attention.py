@@ -69,7 +69,20 @@ def prefill_attention_s(p: DeviceProfile, chunks: int, tokens: int, context_toke
         return 0.0
     chunks = max(chunks, 1)
     sms, blocks = p.gpu.sms, chunks * math.ceil(tokens / chunks / Q_TILE) * heads
-    work = Q_TILE * context_tokens / chunks * 4 * head_dim  # the slowest block: a tile against every key
+    rows = min(Q_TILE, tokens / chunks)  # the slowest block's queries: a full tile, or a short chunk's rows
+    work = rows * context_tokens / chunks * 4 * head_dim  # the slowest block: its rows against every key
     peak = p.gpu.peak_flops
     return rounds_s(blocks, work, sms, peak * p.attn_eff_flops, peak / sms * p.prefill_block_flops,
-                    p.prefill_block_s)
+                    tile_block_s(p, rows))
+
+
+def tile_block_s(p: DeviceProfile, rows: float) -> float:
+    """The fixed cost of a thread block of ``rows`` queries: a decode block's (one query) at 1, a full prefill
+    tile's at Q_TILE, and between them in proportion to the rows — loading the queries, their softmax state
+    and writing their outputs scale with the rows. A chunk shorter than a tile (a prompt mostly read from the
+    prefix cache, a verify chunk) then costs about what as many decode rows do, as in a varlen kernel that
+    runs both (vLLM V1's FlashAttention), not what a full tile does. The two ends are fitted (A100 table,
+    docs/simulator.md); the straight line between them is an assumption no measured short chunk has checked."""
+    if rows >= Q_TILE:
+        return p.prefill_block_s
+    return p.attn_block_s + (p.prefill_block_s - p.attn_block_s) * (max(rows, 1.0) - 1) / (Q_TILE - 1)

@@ -7,7 +7,7 @@ from dataclasses import replace
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.models.config import ModelConfig
-from strategies.runtime.sim.config import SimConfig
+from strategies.runtime.sim.config import SimConfig, serving_path
 from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.device import SimPipelineStream, SimStream, VirtualClock
 from strategies.runtime.sim.engine import SimEngine
@@ -19,11 +19,13 @@ from strategies.runtime.spec.config import SpecConfig
 def cost_model(sim: SimConfig) -> CostModel:
     profile = DeviceProfile.load(sim.profile) if sim.profile else DeviceProfile.for_gpu(sim.gpu)
     spec = resolve_model_spec(sim.model_spec)
-    return CostModel(spec.with_dtype(sim.dtype) if sim.dtype else spec, profile, sim.tp)
+    return CostModel(spec.with_dtype(sim.dtype) if sim.dtype else spec, profile, sim.tp, sim.ep)
 
 
 def virtual_clock(sim: SimConfig) -> VirtualClock:
-    return VirtualClock(sim.host_time, sim.host_ms_per_iteration / 1e3, sim.host_us_per_request / 1e6)
+    gpu = DeviceProfile.load(sim.profile).gpu.name if sim.profile else sim.gpu
+    return VirtualClock(sim.host_time, sim.host_ms_per_iteration / 1e3, sim.host_us_per_request / 1e6,
+                        serving_path(sim.serving_path, gpu))
 
 
 def sim_engine(model_cfg: ModelConfig, sim: SimConfig | None, clock: Clock, nvtx: Nvtx, sizes: dict,

@@ -45,7 +45,10 @@ from strategies.runtime.sim.kernels import (
     BART_ENCODER_GEMMS,
     ELEMENTWISE,
     GEMMS,
+    MOE_EXPERT_GEMMS,
+    all_to_all_bytes,
     elementwise_bytes,
+    expert_tokens,
     gemm_work,
     model_shapes,
 )
@@ -74,14 +77,21 @@ class Term:
 
 
 class CostModel:
-    def __init__(self, spec: ModelConfig, profile: DeviceProfile, tp: int = 1) -> None:
+    def __init__(self, spec: ModelConfig, profile: DeviceProfile, tp: int = 1, ep: int = 1) -> None:
         if tp <= 0:
             raise ValueError(f"--tp must be positive, got {tp}")
-        self.spec, self.profile, self.tp = spec, profile, tp
+        if ep != 1 and not spec.is_moe:
+            raise ValueError(f"--ep {ep}: expert parallelism needs a mixture-of-experts model spec")
+        if ep != 1 and (ep != tp or spec.num_local_experts % ep):
+            raise ValueError(f"--ep {ep}: the experts are split over the engine's --tp GPUs ({tp}): --ep must equal "
+                             f"--tp and divide the {spec.num_local_experts} experts")
+        self.spec, self.profile, self.tp, self.ep = spec, profile, tp, ep
         self.dtype_bytes = DTYPE_BYTES[spec.dtype]
         self.shapes = model_shapes(spec)
         # each GEMM of a layer by name: (weight rows, weight columns) before sharding
         self.gemms = {name: f(*self.shapes) for name, f in GEMMS.items()}
+        if spec.is_moe:  # the dense MLP's GEMMs become the router's and the experts' (_moe_terms)
+            del self.gemms["mlp_up_proj"], self.gemms["mlp_down_proj"]
         self.encoder_gemms: dict[str, tuple[int, int]] = {}
         if spec.is_encoder_decoder:
             h, i = spec.hidden_size, spec.intermediate_size
@@ -100,7 +110,11 @@ class CostModel:
         element-wise kernels, the embedding gather and the LM head."""
         p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.num_hidden_layers
         out = [self._gemm("linear", name, tokens, r, c, layers) for name, (r, c) in self.gemms.items()]
-        out += [self._elementwise("elementwise", op, tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()]
+        k = s.num_experts_per_tok if s.is_moe else 1  # the activation runs on each token's k expert rows
+        out += [self._elementwise("elementwise", op, tokens * (k if op == "mlp_act" else 1), n * layers)
+                for op, (_, _, n) in ELEMENTWISE.items()]
+        if s.is_moe:
+            out += self._moe_terms(tokens)
         out.append(self._elementwise("embedding", "emb", tokens, 1))
         head_flops, head_bytes = gemm_work(samples, s.hidden_size, s.vocab_size, tp, b)
         out.append(Term("lm_head", head_flops, head_bytes + samples * s.vocab_size * 4 / tp,  # float32 logits
@@ -109,6 +123,20 @@ class CostModel:
             h = s.hidden_size  # in every layer
             out.append(self._gemm("linear", "cross_attn_kv", encoder_tokens, h, 2 * h, layers))
         return out
+
+    def _moe_terms(self, tokens: int) -> list[Term]:
+        """A mixture-of-experts layer: the router (replicated on every rank) and each expert's GEMMs at the
+        tokens routed to it (``expert_tokens``). Tensor parallelism shards every expert; expert parallelism
+        (--ep = --tp) gives each rank E/ep whole experts, and the layer waits for the busiest rank."""
+        p, s, b, layers = self.profile, self.spec, self.dtype_bytes, self.spec.num_hidden_layers
+        h, i, e = s.hidden_size, s.intermediate_size, s.num_local_experts
+        router = Term("linear", *gemm_work(tokens, h, e, 1, b), p.eff_flops, p.eff_bw, p.gemm_kernel_s, layers,
+                      p.gemm_s("moe_router", tokens, h, e, 1, b))
+        shard = 1 if self.ep > 1 else self.tp  # an expert's GEMMs: whole under EP, sharded under TP
+        per_expert = [sum(p.gemm_s(name, int(n), *f(h, i), shard, b) for name, f in MOE_EXPERT_GEMMS.items())
+                      if n else 0.0 for n in expert_tokens(tokens, e, s.num_experts_per_tok)]  # [E] seconds
+        ranks = [sum(per_expert[r::self.ep]) for r in range(self.ep)]  # experts dealt to the ranks in turn
+        return [router, Term("linear", 0.0, 0.0, 1.0, 1.0, 0.0, layers, max(ranks))]
 
     def _attention_terms(self, w: BatchWork) -> list[Term]:
         """Attention: its work depends on every row's context, so it is priced step by step."""
@@ -190,9 +218,13 @@ class CostModel:
         secs = dict.fromkeys(PHASES, 0.0)
         for t in self._shape_terms(tokens, samples, encoder_tokens):
             secs[t.phase] += t.seconds(p)
-        if tp > 1:  # two per layer (attention and MLP outputs)
+        if tp > 1:  # two per layer (attention and MLP outputs); under EP the MLP's is a dispatch and a combine
             nbytes = tokens * s.hidden_size * self.dtype_bytes  # the layer's output activations
-            secs["communication"] = 2 * s.num_hidden_layers * p.allreduce_s(nbytes, tp)
+            per_layer = (2 if self.ep == 1 else 1) * p.allreduce_s(nbytes, tp)
+            if self.ep > 1:
+                per_layer += 2 * p.all_to_all_s(all_to_all_bytes(tokens, s.num_experts_per_tok, s.hidden_size,
+                                                                  self.dtype_bytes, self.ep), self.ep)
+            secs["communication"] = s.num_hidden_layers * per_layer
         secs["overhead"] = p.overhead_s + p.row_overhead_s * samples
         if self.encoder_gemms:
             secs["encoder"] = sum(t.seconds(p) for t in self._encoder_shape_terms(encoder_tokens))

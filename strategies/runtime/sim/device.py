@@ -15,16 +15,18 @@ from strategies.runtime.buffers.sim_memory import SimMemory
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece
+from strategies.runtime.sim.config import ServingPath
 
 
 class VirtualClock(Clock):
     def __init__(self, host_time: str = "measured", host_s_per_iteration: float = 0.0,
-                 host_s_per_request: float = 0.0) -> None:
+                 host_s_per_request: float = 0.0, serving: ServingPath | None = None) -> None:
         if host_time not in ("measured", "modelled"):
             raise ValueError(f"--host-time {host_time!r}: expected measured or modelled")
         self.host_time = host_time
         self.host_s_per_iteration = host_s_per_iteration
         self.host_s_per_request = host_s_per_request
+        self.serving = serving  # None: a client sees tokens when the host holds them
         super().__init__()
         self.reset()
 
@@ -52,6 +54,9 @@ class VirtualClock(Clock):
     def resume(self, t: float) -> None:
         """Restart a clock stopped at ``t``: the real time since ``stop`` does not pass on it."""
         self._virtual, self._anchor = t, time.perf_counter()
+
+    def client_time(self, now: float, rows: int) -> float:
+        return now if self.serving is None else now + self.serving.delay_s(rows)
 
     def charge_host(self, phase: str, requests: int) -> None:
         if self.host_time == "modelled":

@@ -20,15 +20,17 @@ from strategies.runtime.sim.decoder import SimDecoder
 if TYPE_CHECKING:
     import torch
 
-SIM_VOCAB = 512
+SIM_VOCAB = 512  # the simulated decoder's tokens are drawn from [0, SIM_VOCAB) (sim/decoder.py)
 SAMPLE_FRACTION = 0.02  # share of a step's time shown as "sample" in the records
 
 
 def proxy_config(spec: ModelConfig) -> ModelConfig:
-    """What the host-side buffers are sized for: a small vocabulary, the spec's context length, and its
-    family (an encoder–decoder spec gets encoder buffers and a cross-KV block manager)."""
+    """What the host-side buffers are sized for: the spec's vocabulary (a prompt of any id below it is
+    accepted: a real tokenised trace replays), its context length, and its family (an encoder–decoder spec
+    gets encoder buffers and a cross-KV block manager). The logits buffer this sizes is never written on
+    the simulated device, and its zeros are never touched (``SimMemory.zeros``)."""
     family = {"architecture": "bart", "encoder_layers": 1} if spec.is_encoder_decoder else {}
-    return ModelConfig(vocab_size=SIM_VOCAB, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
+    return ModelConfig(vocab_size=spec.vocab_size, hidden_size=8, num_hidden_layers=1, num_attention_heads=1,
                        num_key_value_heads=1, intermediate_size=8,
                        max_position_embeddings=spec.max_position_embeddings, eos_token_id=2, **family)
 
@@ -50,7 +52,7 @@ class SimEngine(Engine):
         return None  # nothing to store: the forward is not computed (blocks are still managed and counted)
 
     def _decoder_state(self, num_slots: int, max_beam: int, max_seq_len: int) -> SimDecoder:  # type: ignore[override]
-        return SimDecoder(num_slots, MAX_STOP_IDS, self.cfg.vocab_size)
+        return SimDecoder(num_slots, MAX_STOP_IDS, min(SIM_VOCAB, self.cfg.vocab_size))
 
     def _forward(self, iteration: int, bufs: BufferSet) -> None:
         self._check_fault(iteration)

@@ -30,6 +30,13 @@ ELEM_KERNEL_S_DEFAULTS = {"input_layernorm": 2.5e-6, "post_attention_layernorm":
 # of the L2 regime do not carry across GPUs (an A40's small norms run at 1.3x its DRAM peak, an H100's 0.5x).
 ELEM_SPILL_DEFAULTS = dict.fromkeys(ELEM_EFF_DEFAULTS, 0.0)
 L2_RESIDENT = 0.5  # the fraction of L2 a kernel's working set keeps (fitted: H100 and A100 tables agree)
+# GEMMs on Hopper (H100, H200: the same SMs and cuBLAS kernels): the roofline `calibrate --op-profile` fits to
+# the H100 table in ../shared/profiles (every GEMM of Llama-2-7B's layers, 1-4,096 tokens, TP 1-8; median
+# error 5.9% where the generic defaults below give 9.1%). A decode step's weight streaming runs at ~0.97 of
+# peak bandwidth there, not 0.8: at batch 8-16 the generic defaults priced Llama-2-7B's GEMMs 0.3-0.5 ms
+# (~7%) above what cuBLAS measured. In-sample on H100 for these shapes, as the element-wise defaults are.
+HOPPER_GEMMS = {"eff_flops": 0.758, "eff_bw": 0.97, "gemm_kernel_s": 6.7e-6, "ridge_k": 1.5}
+HOPPER = ("h100", "h200")
 
 
 def spilled_bytes(nbytes: float, spill: float, l2_bytes: float) -> float:
@@ -118,6 +125,8 @@ class DeviceProfile:
         if name == "cpu":  # no kernel-launch floors: calibration fits overheads, efficiencies, combination
             return cls(GPUS[name], kernel_s=0.0, gemm_kernel_s=0.0, attn_kernel_s=0.0, elem_kernel_s=None,
                        combine="max")
+        if name in HOPPER:
+            return cls(GPUS[name], **HOPPER_GEMMS)
         return cls(GPUS[name])
 
     def elem_latency(self, op: str) -> float:
@@ -133,6 +142,12 @@ class DeviceProfile:
         """One ring all-reduce of ``nbytes`` over ``workers`` GPUs."""
         lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
         return lat + ring_allreduce_bytes(nbytes, workers) / (self.gpu.link_bw * eff)
+
+    def all_to_all_s(self, nbytes: float, workers: int) -> float:
+        """One all-to-all in which each of ``workers`` GPUs sends ``nbytes`` (expert parallelism's dispatch or
+        combine): the all-reduce's latency and link efficiency for that many GPUs, one pass over the link."""
+        lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
+        return lat + nbytes / (self.gpu.link_bw * eff)
 
     def gemm_s(self, op: str, tokens: float, rows: int, cols: int, tp: int, dtype_bytes: int) -> float:
         """One launch of GEMM ``op`` ((tokens x rows) @ (rows x cols), sharded ``tp`` ways): measured where

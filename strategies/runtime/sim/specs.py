@@ -9,6 +9,10 @@ from strategies.runtime.models.config import PRESETS, ModelConfig
 
 # Shapes as published in each model's Hugging Face config.json (bf16 weights).
 MODEL_SPECS: dict[str, ModelConfig] = {
+    # meta-llama/Llama-2-7b-hf (float16): the model of the measured vLLM runs in ../shared/validation
+    "llama-2-7b": ModelConfig(vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                              num_key_value_heads=32, intermediate_size=11008, max_position_embeddings=4096,
+                              eos_token_id=2, dtype="float16"),
     "llama-3-8b": ModelConfig(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                               num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0,
                               max_position_embeddings=8192, eos_token_id=128001, dtype="bfloat16"),
@@ -23,6 +27,11 @@ MODEL_SPECS: dict[str, ModelConfig] = {
     "qwen2.5-7b": ModelConfig(vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
                               num_key_value_heads=4, intermediate_size=18944, rope_theta=1000000.0,
                               max_position_embeddings=32768, eos_token_id=151645, dtype="bfloat16"),
+    # mistralai/Mixtral-8x7B-v0.1: 8 experts a layer, 2 per token
+    "mixtral-8x7b": ModelConfig(vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                                num_key_value_heads=8, intermediate_size=14336, rope_theta=1000000.0,
+                                max_position_embeddings=32768, eos_token_id=2, dtype="bfloat16",
+                                num_local_experts=8, num_experts_per_tok=2),
     # facebook/bart-large (an encoder–decoder; weights published in float32)
     "bart-large": ModelConfig(vocab_size=50265, hidden_size=1024, num_hidden_layers=12, num_attention_heads=16,
                               num_key_value_heads=16, intermediate_size=4096, max_position_embeddings=1024,

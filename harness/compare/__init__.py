@@ -1,0 +1,1 @@
+"""Sim to real: a run's figures per load stage against measured serving runs (``slotbench compare``)."""

@@ -1,0 +1,213 @@
+"""A load generator's workload as requests: inference-perf configs, and the measured runs' restatements.
+
+``--workload-config FILE`` reads either
+- an inference-perf config (YAML): ``data.type`` shared_prefix, random or synthetic; ``load.type`` constant
+  or poisson with ``stages`` of ``rate`` and ``duration``; ``api.type`` completion or chat (streaming); or
+- a measured run's JSON as ``../shared/validation`` keeps it: ``workload`` (the shared-prefix parameters,
+  ``max_tokens``, ``ignore_eos``) and ``stages`` (``rate_rps``, ``duration_s``, and the ``prompt_tokens`` the
+  server counted).
+
+Requests are built as inference-perf builds them (its generator of February 2026, the measured runs'):
+- shared_prefix: each of ``num_groups`` groups has one random system prompt; each of its
+  ``num_prompts_per_group`` prompts is that prefix followed by a random question. The prompts are shuffled
+  once (seeded), and request i sends prompt i mod N, so every prompt recurs every N requests.
+- random / synthetic: each request's lengths drawn from ``input_distribution`` / ``output_distribution``
+  (a normal clipped to [min, max], rounded), random ids, nothing shared.
+- load constant: a stage's rate x duration requests, gaps drawn exponential and scaled so that they sum to
+  the duration (inference-perf's ConstantLoadTimer); poisson: exponential gaps at the rate until the
+  stage's duration. Stages run back to back; request index and prompt index continue across them.
+
+The server tokenises the generator's text again: a measured run's ``prompt_tokens`` (BOS included) are
+~5% longer than system prompt + question. Where the file states them (the JSON), the replayed prompts are
+sized so that their mean is the measured one: one BOS token shared by all, system prompt and question each
+scaled by the same factor.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.errors import UserError
+
+LOADS = ("constant", "poisson")
+DATA_TYPES = ("shared_prefix", "random", "synthetic")
+APIS = ("completion", "chat")
+BOS_ID = 1  # the token every replayed prompt opens with (Llama's BOS); shared, so it is never a cache miss
+
+
+@dataclass(frozen=True)
+class Dist:
+    """A length: fixed (std_dev 0) or inference-perf's clipped normal."""
+
+    mean: float
+    min: int
+    max: int
+    std_dev: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (0 < self.min <= self.mean <= self.max) or self.std_dev < 0:
+            raise UserError(f"workload length {self}: need 0 < min <= mean <= max and std_dev >= 0")
+
+    def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        x = np.clip(rng.normal(self.mean, self.std_dev, size=n), self.min, self.max) if self.std_dev else \
+            np.full(n, self.mean)
+        return np.clip(np.round(x), self.min, self.max).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class Stage:
+    rate: float  # requests/s
+    duration_s: float
+    prompt_tokens_mean: float | None = None  # the server's count (measured runs): prompts are sized to it
+
+
+@dataclass(frozen=True)
+class Workload:
+    data: str  # one of DATA_TYPES
+    load: str  # one of LOADS
+    stages: tuple[Stage, ...]
+    output: Dist
+    input: Dist | None = None  # random / synthetic
+    num_groups: int = 0  # shared_prefix
+    prompts_per_group: int = 0
+    system_prompt: Dist | None = None
+    question: Dist | None = None
+    ignore_eos: bool = False
+    seed: int | None = None  # the file's own; else the run's --seed
+
+    def stage_bounds(self) -> list[tuple[float, float]]:
+        ends = np.cumsum([s.duration_s for s in self.stages])
+        return [(float(e - s.duration_s), float(e)) for s, e in zip(self.stages, ends, strict=True)]
+
+
+def _dist(value: Any, where: str) -> Dist:
+    if isinstance(value, bool) or value is None:
+        raise UserError(f"workload config: {where} must be a number or {{min, max, mean, std_dev}}")
+    if isinstance(value, int | float):
+        return Dist(float(value), int(value), int(value))
+    if isinstance(value, dict):
+        _only(value, ("min", "max", "mean", "std_dev"), where)
+        try:
+            return Dist(float(value["mean"]), int(value["min"]), int(value["max"]), float(value.get("std_dev", 0)))
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"workload config: {where} needs min, max and mean numbers") from None
+    raise UserError(f"workload config: {where} must be a number or {{min, max, mean, std_dev}}")
+
+
+def _only(obj: dict, allowed: tuple[str, ...], where: str) -> None:
+    extra = sorted(set(obj) - set(allowed))
+    if extra:
+        raise UserError(f"workload config: {where}.{extra[0]} is not supported here (supported: {', '.join(allowed)})")
+
+
+def _section(obj: dict, key: str, where: str = "") -> dict:
+    value = obj.get(key) or {}
+    if not isinstance(value, dict):
+        raise UserError(f"workload config: {where}{key} must be a mapping")
+    return value
+
+
+def _stages(load: dict, kind: str) -> tuple[Stage, ...]:
+    rows = load.get("stages")
+    if not isinstance(rows, list) or not rows:
+        raise UserError("workload config: load.stages must list at least one {rate, duration}")
+    out = []
+    for i, st in enumerate(rows):
+        if not isinstance(st, dict):
+            raise UserError(f"workload config: load.stages[{i}] must be a mapping")
+        _only(st, ("rate", "duration"), f"load.stages[{i}]")
+        try:
+            rate, duration = float(st["rate"]), float(st["duration"])
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"workload config: load.stages[{i}] needs numeric rate and duration") from None
+        if not (rate > 0 and duration > 0 and np.isfinite(rate * duration)):
+            raise UserError(f"workload config: load.stages[{i}]: rate and duration must be positive and finite")
+        out.append(Stage(rate, duration))
+    return tuple(out)
+
+
+def parse_inference_perf(cfg: dict) -> Workload:
+    """An inference-perf config (the keys this replay honours; others refused by name)."""
+    _only(cfg, ("load", "api", "server", "tokenizer", "data", "metrics", "report", "storage"), "")
+    load, data, api = _section(cfg, "load"), _section(cfg, "data"), _section(cfg, "api")
+    _only(load, ("type", "stages", "interval", "num_workers", "worker_max_concurrency"), "load")
+    kind = load.get("type", "constant")
+    if kind not in LOADS:
+        raise UserError(f"workload config: load.type {kind!r} is not supported (supported: {', '.join(LOADS)})")
+    _only(api, ("type", "streaming"), "api")
+    if api.get("type", "completion") not in APIS:
+        raise UserError(f"workload config: api.type {api.get('type')!r} is not supported ({', '.join(APIS)})")
+    dtype = data.get("type", "shared_prefix")
+    if dtype not in DATA_TYPES:
+        raise UserError(f"workload config: data.type {dtype!r} is not supported (supported: {', '.join(DATA_TYPES)})")
+    server = _section(cfg, "server")
+    common = {"load": kind, "stages": _stages(load, kind), "ignore_eos": bool(server.get("ignore_eos", False))}
+    if dtype == "shared_prefix":
+        _only(data, ("type", "shared_prefix"), "data")
+        sp = _section(data, "shared_prefix", "data.")
+        _only(sp, ("num_groups", "num_unique_system_prompts", "num_prompts_per_group", "num_users_per_system_prompt",
+                   "system_prompt_len", "question_len", "output_len", "question_distribution", "output_distribution",
+                   "seed"), "data.shared_prefix")
+        groups = int(sp.get("num_groups", sp.get("num_unique_system_prompts", 10)))
+        per = int(sp.get("num_prompts_per_group", sp.get("num_users_per_system_prompt", 10)))
+        if groups <= 0 or per <= 0:
+            raise UserError("workload config: shared_prefix groups and prompts per group must be positive")
+        return Workload(data=dtype, num_groups=groups, prompts_per_group=per,
+                        system_prompt=_dist(sp.get("system_prompt_len", 100), "system_prompt_len"),
+                        question=_dist(sp.get("question_distribution", sp.get("question_len", 50)), "question_len"),
+                        output=_dist(sp.get("output_distribution", sp.get("output_len", 50)), "output_len"),
+                        seed=sp.get("seed"), **common)
+    _only(data, ("type", "input_distribution", "output_distribution"), "data")
+    for key in ("input_distribution", "output_distribution"):
+        if key not in data:
+            raise UserError(f"workload config: data.type {dtype} needs data.{key}")
+    return Workload(data=dtype, input=_dist(data["input_distribution"], "input_distribution"),
+                    output=_dist(data["output_distribution"], "output_distribution"), **common)
+
+
+def parse_measured(doc: dict) -> Workload:
+    """A measured run's JSON (``../shared/validation``): its workload, at the measured stages."""
+    w = doc["workload"]
+    stages = []
+    for i, st in enumerate(doc.get("stages") or []):
+        try:
+            stages.append(Stage(float(st["rate_rps"]), float(st["duration_s"]),
+                                (st.get("prompt_tokens") or {}).get("mean")))
+        except (KeyError, TypeError, ValueError):
+            raise UserError(f"workload file: stages[{i}] needs rate_rps and duration_s") from None
+    if not stages:
+        raise UserError("workload file: no stages")
+    try:
+        return Workload(data="shared_prefix", load="constant", stages=tuple(stages),
+                        num_groups=int(w["num_groups"]), prompts_per_group=int(w["prompts_per_group"]),
+                        system_prompt=_dist(w["system_prompt_len"], "system_prompt_len"),
+                        question=_dist(w["question_len"], "question_len"), output=_dist(w["max_tokens"], "max_tokens"),
+                        ignore_eos=bool(w.get("ignore_eos", False)))
+    except KeyError as exc:
+        raise UserError(f"workload file: workload.{exc.args[0]} is missing") from None
+
+
+def load_workload(path: str) -> Workload:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise UserError(f"--workload-config {path}: {exc.strerror or exc}") from None
+    try:
+        if p.suffix == ".json":
+            doc = json.loads(text)
+        else:
+            import yaml
+
+            doc = yaml.safe_load(text)
+    except Exception as exc:  # json's and yaml's errors alike: the file is not what it claims to be
+        raise UserError(f"--workload-config {path}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                        f"{str(exc).splitlines()[0]}") from None
+    if not isinstance(doc, dict):
+        raise UserError(f"--workload-config {path}: expected a mapping at the top")
+    return parse_measured(doc) if "workload" in doc and "stages" in doc else parse_inference_perf(doc)

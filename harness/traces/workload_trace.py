@@ -1,0 +1,75 @@
+"""The requests of a workload (``harness/traces/workload.py``): arrivals stage after stage, prompts as the
+load generator builds them, each request tagged with its stage."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from harness.traces.trace import Trace, TraceRequest
+from harness.traces.workload import BOS_ID, Dist, Workload
+
+
+def stage_arrivals(w: Workload, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(arrival times, stage index) of every request, stage after stage."""
+    times, stages = [], []
+    for k, ((start, _end), st) in enumerate(zip(w.stage_bounds(), w.stages, strict=True)):
+        if w.load == "constant":  # inference-perf's ConstantLoadTimer: exponential gaps scaled to the duration
+            n = int(st.rate * st.duration_s)
+            gaps = rng.exponential(1.0 / st.rate, n)
+            t = start + np.cumsum(gaps * (st.duration_s / gaps.sum())) if n else np.zeros(0)
+        else:  # poisson: exponential gaps at the rate, as long as the stage lasts
+            n_max = int(st.rate * st.duration_s * 1.5 + 50)
+            t = start + np.cumsum(rng.exponential(1.0 / st.rate, n_max))
+            t = t[t < start + st.duration_s]
+        times.append(t)
+        stages.append(np.full(len(t), k, dtype=np.int64))
+    return np.concatenate(times), np.concatenate(stages)
+
+
+def _scaled(d: Dist, f: float) -> Dist:
+    if not d.std_dev:  # a fixed length stays fixed, rounded
+        n = max(1, round(d.mean * f))
+        return Dist(n, n, n)
+    return Dist(d.mean * f, max(1, round(d.min * f)), max(1, round(d.max * f)), d.std_dev * f)
+
+
+def shared_prefix_prompts(w: Workload, rng: np.random.Generator, vocab_size: int,
+                          target_mean: float | None) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The N = groups x prompts-per-group distinct prompts, shuffled, and their output lengths. With
+    ``target_mean`` (the server's measured prompt tokens, BOS included) the system prompt and question are
+    scaled by one factor so that prompts average it (the server's re-tokenisation; module docstring)."""
+    assert w.system_prompt is not None and w.question is not None
+    system, question = w.system_prompt, w.question
+    if target_mean is not None:
+        f = (target_mean - 1) / (system.mean + question.mean)
+        system, question = _scaled(system, f), _scaled(question, f)
+    prompts, outputs = [], []
+    for _ in range(w.num_groups):
+        prefix = rng.integers(0, vocab_size, size=int(system.draw(1, rng)[0]))
+        q_lens, o_lens = question.draw(w.prompts_per_group, rng), w.output.draw(w.prompts_per_group, rng)
+        for q, o in zip(q_lens, o_lens, strict=True):
+            ids = np.concatenate(([BOS_ID % vocab_size], prefix, rng.integers(0, vocab_size, size=int(q))))
+            prompts.append(tuple(int(x) for x in ids))
+            outputs.append(int(o))
+    order = rng.permutation(len(prompts))
+    return [prompts[i] for i in order], np.asarray(outputs, dtype=np.int64)[order]
+
+
+def workload_trace(w: Workload, path: str, seed: int, vocab_size: int) -> Trace:
+    rng = np.random.default_rng(w.seed if w.seed is not None else seed)
+    arrivals, stage = stage_arrivals(w, rng)
+    sampling = {"ignore_eos": True} if w.ignore_eos else None  # one dict for every request: nothing writes to it
+    n = len(arrivals)
+    if w.data == "shared_prefix":
+        measured = [s.prompt_tokens_mean for s in w.stages if s.prompt_tokens_mean]
+        prompts, outputs = shared_prefix_prompts(w, rng, vocab_size, float(np.mean(measured)) if measured else None)
+        reqs = [TraceRequest(float(arrivals[i]), len(prompts[i % len(prompts)]), int(outputs[i % len(prompts)]),
+                             prompt_token_ids=prompts[i % len(prompts)], stage=int(stage[i]), sampling=sampling)
+                for i in range(n)]
+    else:  # random / synthetic: lengths drawn per request, random ids built by the run (seeded)
+        assert w.input is not None
+        inp, out = w.input.draw(n, rng), w.output.draw(n, rng)
+        reqs = [TraceRequest(float(arrivals[i]), int(inp[i]), int(out[i]), stage=int(stage[i]), sampling=sampling)
+                for i in range(n)]
+    bounds = tuple((s, e, st.rate) for (s, e), st in zip(w.stage_bounds(), w.stages, strict=True))
+    return Trace(tuple(reqs), path, f"workload:{w.data}/{w.load}", stages=bounds)

@@ -1,0 +1,122 @@
+"""Mixture of experts: a Mixtral-style checkpoint on the CPU engine against Hugging Face's MixtralForCausalLM,
+and its pricing on the simulated device under tensor and expert parallelism."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from strategies.config import ExecutorConfig
+from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
+from strategies.runtime.models.config import ModelConfig
+from strategies.runtime.models.llama import script_model
+from strategies.runtime.sampling_params import SamplingParams
+from strategies.runtime.sim.cost import CostModel
+from strategies.runtime.sim.kernels import all_to_all_bytes, expert_tokens
+from strategies.runtime.sim.profile import DeviceProfile
+from strategies.runtime.sim.specs import MODEL_SPECS
+from tests.util import cli, make_requests, run_strategy
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.fixture(scope="module")
+def mixtral(tmp_path_factory):
+    """A random MixtralForCausalLM in float64 (8 experts, 2 a token), saved as Hugging Face saves it."""
+    cfg = transformers.MixtralConfig(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
+                                     num_experts_per_tok=2, max_position_embeddings=256, rope_theta=10000.0,
+                                     rms_norm_eps=1e-6, eos_token_id=2, bos_token_id=1, pad_token_id=0,
+                                     tie_word_embeddings=False)
+    torch.manual_seed(1)
+    model = transformers.MixtralForCausalLM(cfg).to(torch.float64).eval()
+    if hasattr(model, "set_experts_implementation"):  # transformers 5: its grouped GEMM takes no float64
+        model.set_experts_implementation("eager")  # the per-expert loop, MixtralExperts.forward as written
+    path = tmp_path_factory.mktemp("mixtral")
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model
+
+
+@pytest.mark.parametrize("strategy", ["static", "inflight", "overlap"])
+def test_mixtral_tokens_equal_hugging_face(mixtral, strategy):
+    """Greedy tokens of every request equal HF generate's; the budget of 16 tokens a step splits prompts into
+    chunks that share steps with decode rows, so the routing runs over mixed packed batches."""
+    path, hf_model = mixtral
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")
+    assert (cfg.num_local_experts, cfg.num_experts_per_tok) == (8, 2)
+    model = script_model(load_checkpoint(path, cfg))
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(3, 320, size=n).tolist() for n in (5, 23, 14, 9, 31)]
+    new = 10
+    reqs = make_requests([(p, new, SamplingParams()) for p in prompts])
+    run_strategy(strategy, cfg, model, ExecutorConfig(max_batch_size=3, max_seq_len=64, max_num_tokens=16), reqs)
+    for p, r in zip(prompts, reqs, strict=True):
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                                pad_token_id=0)
+        assert r.output_token_ids == ref[0, len(p):].tolist()
+
+
+def test_moe_config_is_validated():
+    with pytest.raises(ValueError, match="num_experts_per_tok"):
+        ModelConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+                    intermediate_size=32, num_local_experts=2, num_experts_per_tok=3)
+
+
+def test_routing_counts_and_expert_work():
+    """Each token goes to k distinct experts (counts sum to T x k, none above T); the experts' GEMMs do
+    2 x T x k x 3 x hidden x intermediate FLOPs in all, what k dense MLPs of the same width would."""
+    counts = expert_tokens(1000, 8, 2)
+    assert counts.sum() == 2000 and counts.max() <= 1000 and (counts > 150).all()  # uniform: ~250 each
+    assert (expert_tokens(1000, 8, 2) == counts).all()  # seeded: a pure function of the step's shape
+    assert expert_tokens(1, 8, 2).sum() == 2 and (expert_tokens(1, 8, 2) <= 1).all()
+    spec = MODEL_SPECS["mixtral-8x7b"]
+    h, i = spec.hidden_size, spec.intermediate_size
+    assert spec.num_parameters == pytest.approx(46.7e9, rel=0.01)  # Mixtral-8x7B's published 46.7B
+    dense = ModelConfig(**{**spec.to_dict(), "num_local_experts": 0, "num_experts_per_tok": 0})
+    assert spec.num_parameters - dense.num_parameters == 32 * (7 * 3 * h * i + h * 8)
+
+
+def test_decode_reads_only_the_experts_it_routes_to():
+    """At one token, 2 of 8 experts run: the MoE layer streams about a quarter of the expert weights, so a
+    batch-1 decode step costs well under the 8-expert weights at peak bandwidth and above the active 2's."""
+    p = DeviceProfile.for_gpu("h100")
+    spec = MODEL_SPECS["mixtral-8x7b"]
+    cm = CostModel(spec, p, tp=2)
+    from strategies.runtime.batch import BatchWork
+
+    step = cm.step_time(BatchWork(1, 1, 100, 100))
+    h, i, b = spec.hidden_size, spec.intermediate_size, 2
+    active = (spec.num_parameters - 32 * 6 * 3 * h * i) * b / 2  # per GPU: all but 6 idle experts a layer
+    total = spec.num_parameters * b / 2
+    assert active / p.gpu.mem_bw < step < total / p.gpu.mem_bw
+
+
+def test_expert_parallelism_prices_its_all_to_all():
+    p = DeviceProfile.for_gpu("h100")
+    spec = MODEL_SPECS["mixtral-8x7b"]
+    from strategies.runtime.batch import BatchWork
+
+    w = BatchWork(256, 256, 256_000, 256_000)
+    tp, ep = CostModel(spec, p, tp=2).phases(w), CostModel(spec, p, tp=2, ep=2).phases(w)
+    nbytes = 256 * spec.hidden_size * 2
+    sent = all_to_all_bytes(256, 2, spec.hidden_size, 2, 2)
+    assert sent == 256 / 2 * 2 * spec.hidden_size * 2 / 2  # half the tokens, two copies, half of them leave
+    expected = 32 * (p.allreduce_s(nbytes, 2) + 2 * p.all_to_all_s(sent, 2))
+    assert ep["communication"] == pytest.approx(expected)
+    assert tp["communication"] == pytest.approx(32 * 2 * p.allreduce_s(nbytes, 2))
+    with pytest.raises(ValueError, match="--ep must equal --tp"):
+        CostModel(spec, p, tp=4, ep=2)
+
+
+@pytest.mark.parametrize("parallel", [["--tp", "2"], ["--tp", "2", "--ep", "2"]])
+def test_mixtral_spec_runs_on_sim(tmp_path, parallel):
+    r = cli("run", "--device", "sim", "--gpu", "h100", "--model-spec", "mixtral-8x7b", *parallel, "--num-prompts",
+            "40", "--request-rate", "20", "--strategies", "inflight", "--out", str(tmp_path / "o"), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    df = pd.read_parquet(tmp_path / "o" / "inflight" / "requests.parquet")
+    assert (df["status"] == "finished").all()
+    run = json.loads((tmp_path / "o" / "run.json").read_text())
+    assert run["sim"]["weight_bytes"] == pytest.approx(46.7e9 * 2, rel=0.01)

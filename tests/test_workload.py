@@ -1,0 +1,131 @@
+"""Workload configs (inference-perf's, the measured runs' JSON) as requests, and real token ids on sim."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.errors import UserError
+from harness.traces.workload import load_workload
+from harness.traces.workload_trace import workload_trace
+from tests.util import cli
+
+SHARED_PREFIX = """\
+load:
+  type: constant
+  stages:
+  - rate: 4
+    duration: 10
+  - rate: 10
+    duration: 5
+api:
+  type: completion
+  streaming: true
+server:
+  type: vllm
+  ignore_eos: true
+data:
+  type: shared_prefix
+  shared_prefix:
+    num_unique_system_prompts: 3
+    num_users_per_system_prompt: 4
+    system_prompt_len: 40
+    question_len: 20
+    output_len: 7
+"""
+
+
+def _write(tmp_path, name, text):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_shared_prefix_as_inference_perf_builds_it(tmp_path):
+    path = _write(tmp_path, "w.yaml", SHARED_PREFIX)
+    t = workload_trace(load_workload(path), path, seed=0, vocab_size=1000)
+    reqs = t.requests
+    assert len(reqs) == 4 * 10 + 10 * 5  # rate x duration per stage
+    stage = np.array([r.stage for r in reqs])
+    arrivals = np.array([r.arrival_s for r in reqs])
+    assert (stage[:40] == 0).all() and (stage[40:] == 1).all()
+    # the constant timer's gaps are scaled to the stage: its last request is sent at the stage's end
+    assert arrivals[39] == pytest.approx(10.0) and arrivals[-1] == pytest.approx(15.0)
+    assert (np.diff(arrivals) > 0).all() and arrivals[0] > 0
+    assert t.stages == ((0.0, 10.0, 4.0), (10.0, 15.0, 10.0))
+    prompts = [r.prompt_token_ids for r in reqs]
+    assert all(len(p) == 1 + 40 + 20 and p[0] == 1 for p in prompts)  # BOS, system prompt, question
+    assert len(set(prompts)) == 12  # 3 groups x 4 prompts
+    assert all(prompts[i] == prompts[i % 12] for i in range(len(prompts)))  # request i sends prompt i mod N
+    prefixes = {p[:41] for p in prompts}
+    assert len(prefixes) == 3  # one system prompt per group, shared by its 4 prompts
+    assert all(sum(q[:41] == p for q in prompts[:12]) == 4 for p in prefixes)
+    assert {r.output_tokens for r in reqs} == {7} and all(r.input_tokens == 61 for r in reqs)
+    again = workload_trace(load_workload(path), path, seed=0, vocab_size=1000)
+    assert again.requests == t.requests  # seeded
+
+
+def test_poisson_and_random_data(tmp_path):
+    text = SHARED_PREFIX.replace("type: constant", "type: poisson").split("data:")[0] + """\
+data:
+  type: random
+  input_distribution: {min: 10, max: 50, mean: 30, std_dev: 10}
+  output_distribution: {min: 5, max: 9, mean: 7, std_dev: 0}
+"""
+    text = text.replace("rate: 10\n    duration: 5", "rate: 200\n    duration: 50")
+    path = _write(tmp_path, "r.yaml", text)
+    t = workload_trace(load_workload(path), path, seed=3, vocab_size=1000)
+    n1 = sum(r.stage == 1 for r in t.requests)
+    assert abs(n1 - 10_000) < 5 * 100  # Poisson count: mean 10,000, sd 100
+    inp = np.array([r.input_tokens for r in t.requests])
+    assert inp.min() >= 10 and inp.max() <= 50 and abs(inp.mean() - 30) < 1
+    assert {r.output_tokens for r in t.requests} == {7}
+    assert all(r.prompt_token_ids is None for r in t.requests)  # random ids, built by the run
+
+
+def test_measured_json_sizes_prompts_to_the_server_count(validation):
+    path = str(validation / "20260217-231439-llama-2-7b-tp1-general.json")
+    doc = json.loads((validation / "20260217-231439-llama-2-7b-tp1-general.json").read_text())
+    t = workload_trace(load_workload(path), path, seed=0, vocab_size=32000)
+    assert len(t) == sum(s["sent"] for s in doc["stages"])  # 4,800 + 12,000
+    lens = np.array([r.input_tokens for r in t.requests])
+    assert abs(lens.mean() - doc["stages"][0]["prompt_tokens"]["mean"]) < 1.0
+    assert all(r.output_tokens == doc["workload"]["max_tokens"] for r in t.requests)
+    assert max(max(r.prompt_token_ids) for r in t.requests[:100]) < 32000
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("load: {type: concurrent, stages: [{rate: 1, duration: 1}]}\ndata: {type: random}\n", "load.type 'concurrent'"),
+    ("load: {stages: [{rate: 1, duration: 1}]}\ndata: {type: shareGPT}\n", "data.type 'shareGPT'"),
+    ("load: {stages: [{rate: 1, duration: 1}]}\ndata: {type: shared_prefix, shared_prefix: {enable_multi_turn_chat: "
+     "true}}\n", "data.shared_prefix.enable_multi_turn_chat is not supported"),
+    ("load: {stages: []}\ndata: {type: random}\n", "load.stages must list"),
+    ("load: {stages: [{rate: 1, duration: 1}]}\nbogus: 1\n", ".bogus is not supported"),
+    ("load: [1, 2\n", "not valid YAML"),
+])
+def test_unsupported_workloads_are_refused_in_one_line(tmp_path, text, message):
+    path = _write(tmp_path, "bad.yaml", text)
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
+        load_workload(path)
+    r = cli("run", "--device", "sim", "--workload-config", path, "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_real_token_ids_replay_on_sim(tmp_path):
+    """Ids up to the spec's vocabulary (32,000 for Llama-2-7B) run on the simulated device; past it they are
+    refused as outside the vocabulary (the simulated decoder's own tokens stay in [0, 512))."""
+    rng = np.random.default_rng(0)
+    lines = [{"arrival_s": i * 0.01, "prompt_token_ids": [int(x) for x in rng.integers(512, 32000, 40)],
+              "output_tokens": 5} for i in range(20)]
+    lines.append({"arrival_s": 0.5, "prompt_token_ids": [5, 32000], "output_tokens": 5})
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    out = tmp_path / "run"
+    r = cli("run", "--device", "sim", "--gpu", "h100", "--model-spec", "llama-2-7b", "--trace", str(trace),
+            "--strategies", "inflight", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    df = pd.read_parquet(out / "inflight" / "requests.parquet")
+    assert (df["status"] == "finished").sum() == 20
+    bad = df[df["status"] == "rejected"]
+    assert len(bad) == 1 and "outside the vocabulary [0, 32000)" in bad["finish_reason"].iloc[0]
