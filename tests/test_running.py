@@ -74,3 +74,20 @@ def test_a_selection_carries_its_slots_and_leaves_the_list_alone():
     assert list(idle) == [reqs[0], reqs[3]] and idle.slots.tolist() == [5, 0]
     assert list(running) == reqs and running.slots.tolist() == [5, 2, 7, 0, 3]
     assert running.select([False] * 5, 3) == [] and running.select([False] * 5, 3).slots.shape == (0,)
+
+
+def test_discarding_an_absent_request_never_formats_it(monkeypatch):
+    """A release discards a request from lists it may not be in; list.index's miss would put the request's
+    repr, prompt array and all, into its error message (a third of a 575-token-prompt replay's time)."""
+    running = RunningRequests(4)
+    here, absent = _request(0, 0), _request(1, 1)
+    running.append(here)
+
+    def refuse(self):
+        raise AssertionError("repr formatted")
+
+    monkeypatch.setattr(Request, "__repr__", refuse)
+    running.discard(absent)
+    assert list(running) == [here]
+    running.discard(here)
+    assert list(running) == []

@@ -170,9 +170,12 @@ class BlockManager:
         launched in stream order, so a later reader always runs after the writer."""
         if not self.prefix_caching:
             return
+        computed = r.num_computed_tokens
+        if computed // self.tokens_per_block <= self._hashed[slot]:  # no block filled since (most steps)
+            return
         # A beam request's known tokens end with its prompt: beam 0's blocks after it hold a beam's keys.
         known = r.prompt_len if r.width > 1 else len(r.token_ids)
-        full = min(r.num_computed_tokens, known) // self.tokens_per_block
+        full = min(computed, known) // self.tokens_per_block
         if full <= self._hashed[slot]:
             return
         hashes, first = self.block_hashes(r, full), self._hashed[slot]
