@@ -1,8 +1,9 @@
 """The field's serving metrics, with vLLM ``bench serve`` definitions and numpy defaults.
 
 TTFT = first_token_s − arrival_s; E2EL = finish_s − arrival_s; TPOT = (E2EL − TTFT) / (output − 1) for
-requests with more than one token (request-weighted); ITL = consecutive gaps of token times, pooled over
-requests (token-weighted). duration = last finish − first arrival. Throughputs count completed requests.
+requests with more than one token (request-weighted); ITL = consecutive gaps between a request's streamed
+chunks — the tokens a step hands out together share one time and are one chunk — pooled over requests.
+duration = last finish − first arrival. Throughputs count completed requests.
 prefix_cache_hit_rate = prompt tokens read from the prefix cache / prompt tokens, over completed requests.
 Std is the population std; percentiles interpolate linearly. Request metrics need only
 ``requests.parquet`` and ``tokens.jsonl``; engine metrics need only ``iterations.parquet``.
@@ -98,7 +99,7 @@ def request_metrics(requests: pd.DataFrame, token_times: TokenTimes,
     n_out = done["output_tokens"].to_numpy()
     multi = n_out > 1
     tpot = (e2el[multi] - ttft[multi]) / (n_out[multi] - 1)
-    itl_all = token_times.gaps(finished) * 1e3
+    itl_all = token_times.chunk_gaps(finished) * 1e3  # one gap per streamed chunk, as vLLM counts ITL
     for name, values in (("ttft", ttft), ("tpot", tpot), ("itl", itl_all), ("e2el", e2el)):
         out.update(_stats(name, values, percentiles))
     if "kv_transfer_ms" in done and done["kv_transfer_ms"].notna().any():

@@ -51,7 +51,7 @@ def load_run(path: Path, name: str | None = None, frames: dict[str, StrategyFram
                                   data.requests[strategy]["request_id"])
         finished = (data.requests[strategy]["status"] == "finished").to_numpy()  # [R], the token times' rows
         data.token_times[strategy] = times.flat  # every token's time, requests in row order
-        data.itl_ms[strategy] = times.gaps(finished) * 1e3  # the finished requests' inter-token gaps
+        data.itl_ms[strategy] = times.chunk_gaps(finished) * 1e3  # the finished requests' ITL, one per chunk
     return data
 
 

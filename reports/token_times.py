@@ -48,5 +48,18 @@ class TokenTimes:
         return self.flat if rows.all() else self.flat[np.repeat(rows, self.counts)]
 
     def gaps(self, rows: np.ndarray | None = None) -> np.ndarray:
-        """The gaps within each request (of those where ``rows`` is true), in order."""
+        """The gaps within each request (of those where ``rows`` is true), in order, one per token."""
         return gaps(self.flat, self.counts, None if rows is not None and rows.all() else rows)
+
+    def chunk_gaps(self, rows: np.ndarray | None = None) -> np.ndarray:
+        """Inter-token latency as ``vllm bench serve`` counts it: one gap per streamed chunk. The tokens a step
+        hands out together (a verifying step's accepted drafts) share one time and reach a client as one
+        chunk: no zero gaps between them."""
+        g = self.gaps(rows)
+        return g[g > 0]
+
+    def chunk_gaps_per_request(self) -> list[np.ndarray]:
+        """``chunk_gaps`` split by request, in row order (a request with fewer than two chunks: empty)."""
+        g = gaps(self.flat, self.counts)  # [N - R'] every gap, requests in order
+        per_request = np.split(g, np.cumsum(np.maximum(self.counts - 1, 0))[:-1])
+        return [x[x > 0] for x in per_request]

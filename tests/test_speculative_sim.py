@@ -10,6 +10,7 @@ layers are compute-bound, the verify step costs several decode steps, and the sa
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import pandas as pd
@@ -104,3 +105,25 @@ def test_a_draft_model_costs_what_speculative_decoding_theory_says(tmp_path):
     run = json.loads((tmp_path / "draft" / "run.json").read_text())["sim"]
     expected = (0.9 * 80e9 - 2 * 8.03e9 - 2 * 1.24e9) / (2 * 32 * 8 * 128 * 2 + 2 * 16 * 8 * 64 * 2)
     assert run["kv_capacity_tokens"] == pytest.approx(expected, rel=0.01)
+
+
+def test_itl_counts_streamed_chunks_not_tokens(tmp_path):
+    """A verifying step hands its accepted tokens out together: one streamed chunk, so one ITL gap, as `vllm
+    bench serve` counts it. Every gap is then at least the shortest device step (no zero gaps pull the median
+    toward 0 at acceptance 0.6, K = 4), and each request's `itls` in vllm_bench.json has one entry per distinct
+    token time after its first, read from tokens.jsonl."""
+    kw = {"strategies": ("inflight",), "num_prompts": 60, "request_rate": 20.0, "input_len": 64, "output_len": 96,
+          "max_batch_size": 16, "ignore_eos": True}
+    summary, it, _ = _run(tmp_path, "spec", speculative_config=_spec(0.6), **kw)
+    shortest_step_ms = float((it["sample_end_s"] - it["forward_start_s"]).min()) * 1e3
+    assert summary["median_itl_ms"] >= shortest_step_ms
+    bench = json.loads((tmp_path / "spec" / "inflight" / "vllm_bench.json").read_text())
+    times = {json.loads(x)["request_id"]: json.loads(x)["times_s"]
+             for x in (tmp_path / "spec" / "inflight" / "tokens.jsonl").read_text().splitlines()}
+    ids = pd.read_parquet(tmp_path / "spec" / "inflight" / "requests.parquet")["request_id"]
+    shared = 0
+    for rid, itls in zip(ids, bench["itls"], strict=True):
+        distinct = sorted(set(times[rid]))
+        shared += len(times[rid]) - len(distinct)
+        assert itls == pytest.approx([b - a for a, b in itertools.pairwise(distinct)])
+    assert shared > 500  # accepted drafts did share their step's time

@@ -36,8 +36,10 @@ def slices_frame(requests: pd.DataFrame, token_times: dict[str, list[float]], du
     tpot = np.where(n_out > 1, (e2el - ttft) / np.maximum(n_out - 1, 1), np.nan)
     times = [np.asarray(token_times.get(rid, ()), float) for rid in requests["request_id"]]
     tok = np.concatenate(times) if times else np.array([])
-    gap_end = np.concatenate([t[1:] for t in times if len(t) > 1]) if times else np.array([])
-    gaps = np.concatenate([np.diff(t) * 1e3 for t in times if len(t) > 1]) if times else np.array([])
+    # ITL one gap per streamed chunk, as vLLM counts it: tokens a step handed out together share a time
+    gap_end = np.concatenate([t[1:][np.diff(t) > 0] for t in times if len(t) > 1]) if times else np.array([])
+    gaps = np.concatenate([d[d > 0] * 1e3 for t in times if len(t) > 1 for d in (np.diff(t),)]) if times \
+        else np.array([])
     arrival = requests["arrival_s"].to_numpy(float)
     rows = []
     for k in range(n):
