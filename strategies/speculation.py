@@ -57,7 +57,9 @@ def receive_verified(rec: IterationRecord, drafts: DraftTokens, outputs: list[li
         r.verifying = False
         n, code, got = row[k1], row[k1 + 1], row[k1 + 2]
         if code == DISCARDED or r.status is not Status.RUNNING:  # finished, or preempted after scheduling
-            rec.num_padding_tokens += 1  # nothing reached the request: its drafts are not counted
+            # nothing reached the request: the chunk's 1 + k computed tokens are padding (its drafts are not
+            # counted as proposed)
+            rec.num_padding_tokens += 1 + int(drafts.num_drafts.np[i])
             continue
         rec.spec_drafts += 1  # vLLM counts the verifications it reads
         rec.spec_draft_tokens += int(drafts.num_drafts.np[i])

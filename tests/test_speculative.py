@@ -421,3 +421,26 @@ def test_static_rows_that_finish_early_stay_in_their_blocks(spec):
         run_strategy("static", TINY64, model, ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32,
                                                              speculative=spec, cpu_device="thread"), reqs)
         assert all(r.output_token_ids == reference_decode(eager, TINY64, r) for r in reqs), seed
+
+
+def test_a_discarded_verify_chunk_is_all_padding():
+    """A verify chunk is the request's last token and its k drafts: 1 + k tokens computed. When nothing of it
+    reaches the request (it finished meanwhile, or the device discarded the row), all 1 + k are padding."""
+    from strategies.runtime.batch import VerifyStep
+    from strategies.runtime.buffers.draft_tokens import DraftTokens
+    from strategies.runtime.buffers.sim_memory import SimMemory
+    from strategies.runtime.decoder.finish import CONTINUE, DISCARDED
+    from strategies.runtime.iteration import IterationRecord
+    from strategies.speculation import receive_verified
+
+    finished, discarded = (Request(f"r{i}", np.arange(1, 6), 8, SamplingParams()) for i in range(2))
+    finished.status, discarded.status = Status.FINISHED, Status.RUNNING
+    for slot, r in enumerate((finished, discarded)):
+        r.slot = slot
+    d = DraftTokens(4, 4, SimMemory())
+    d.fill([VerifyStep(finished, 5, np.array([7, 8, 9])), VerifyStep(discarded, 5, np.array([7, 8]))],
+           np.zeros((4, 2), bool))
+    outputs = [[0] * 5 + [0, CONTINUE, 0], [0] * 5 + [0, DISCARDED, 0]]  # K + 1 tokens, received, code, drafts
+    rec = IterationRecord(0)
+    assert receive_verified(rec, d, outputs, 1.0, None) == []
+    assert rec.num_padding_tokens == (1 + 3) + (1 + 2) and rec.spec_drafts == 0
