@@ -142,7 +142,7 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
     if error is not None:
         for r in requests:
             if not r.status.terminal:
-                r.end(Status.FAILED, error)
+                r.end(Status.FAILED, error, wall)
                 r.leave_slot()
     return StrategyRun(cls.name, requests, strategy.records, wall, error, interrupted, warmup_s,
                        tenures=strategy.slot_tenures())

@@ -59,8 +59,9 @@ class Worker(InflightStrategy):
     def fail_all(self, reason: str) -> list[Request]:
         """The worker died: its requests end failed, in the records as they stood."""
         failed = [r for r in self.requests() if not r.status.terminal]
+        now = self.clock.now()
         for r in failed:
-            r.end(Status.FAILED, reason)
+            r.end(Status.FAILED, reason, now)
         self.waiting.clear()
         self.running.clear()
         return failed
@@ -226,9 +227,10 @@ class Fleet(Executor):
         self.alive.remove(w)
         failed = {id(r): r for r in [*self._forget(w), *w.fail_all(reason)]}
         assert self.source is not None
+        now = self.clock.now()
         for r in failed.values():
             if r.status is not Status.FAILED:
-                r.end(Status.FAILED, reason)
+                r.end(Status.FAILED, reason, now)
             self.source.on_finished(r)
         for role in {x.role for x in self.workers}:
             if not any(x.role == role for x in self.alive):

@@ -172,3 +172,26 @@ def test_over_time_figure_draws_each_slice(ramp_run):
             s = pd.read_csv(ramp_run / strategy / "slices.csv")
             np.testing.assert_array_equal(np.asarray(trace.y, float), s[column].to_numpy(float))
             np.testing.assert_array_equal(np.asarray(trace.x, float), s["start_s"] + 1.0)
+
+
+def test_a_failed_request_is_in_flight_until_its_failure(tmp_path):
+    """An engine fault at step 35 of 48 requests all sent at t = 0, 16 at a time: the first 16 finish, the rest
+    fail then. They
+    were in flight from their arrival to the failure (failed_s), not zero time; the windows' requests in
+    flight add up to that (Little's law from the records), and their tokens, like the summary's throughput,
+    count finished requests only."""
+    out = tmp_path / "f"
+    r = cli("run", *SIM, "--strategies", "inflight", "--num-prompts", "48", "--input-len", "32", "--output-len",
+            "20", "--range-ratio", "0", "--ignore-eos", "--max-batch-size", "16", "--slice-duration", "0.05",
+            "--out", str(out), env={"SLOTBENCH_INJECT_FAULT": "inflight:35"})
+    assert r.returncode == 1, r.stderr
+    req = pd.read_parquet(out / "inflight" / "requests.parquet")
+    failed = req[req["status"] == "failed"]
+    assert len(failed) == 32 and (failed["failed_s"] > failed["arrival_s"]).all()
+    s = pd.read_csv(out / "inflight" / "slices.csv")
+    ended = req["finish_s"].where(req["status"] == "finished", req["failed_s"])
+    assert (s["requests_in_flight"] * 0.05).sum() == pytest.approx((ended - req["arrival_s"]).sum(), rel=1e-9)
+    finished_tokens = req.loc[req["status"] == "finished", "output_tokens"].sum()
+    assert s["output_tokens"].sum() == finished_tokens
+    summary = json.loads((out / "summary.json").read_text())[0]
+    assert summary["output_throughput"] == pytest.approx(finished_tokens / summary["duration_s"], rel=1e-9)

@@ -7,6 +7,7 @@
   undefined), session_id and turn (multi-turn sessions: <NA> and 0 outside one; a later turn's input_tokens
   count its history, and a turn its session never sent is rejected with the reason, arriving when the
   session ended); admitted_s (its first admission into a slot: where its queueing ended; NaN if never);
+  failed_s (when a failure ended a failed request: an engine fault, a dead worker; NaN otherwise);
   kv_ready_s, kv_transfer_start_s, kv_transfer_end_s, kv_transfer_ms, kv_transfer_bytes (the disagg
   strategy: when the prompt's KV was ready to leave the prefill worker (its handoff, engine time), left it and
   landed on the decode worker, and the bytes moved;
@@ -37,7 +38,7 @@ from strategies.runtime.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
                    "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "ttft_ms", "tpot_ms",
-                   "e2el_ms", "session_id", "turn", "admitted_s", "kv_ready_s", "kv_transfer_start_s",
+                   "e2el_ms", "session_id", "turn", "admitted_s", "failed_s", "kv_ready_s", "kv_transfer_start_s",
                    "kv_transfer_end_s", "kv_transfer_ms", "kv_transfer_bytes", "stage"]
 
 
@@ -51,12 +52,13 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         e2el = (finish - r.arrival_s) * 1e3
         tpot = (e2el - ttft) / (r.num_output_tokens - 1) if r.num_output_tokens > 1 else nan
         admitted = r.admitted_s if r.admitted_s is not None else nan
+        failed = r.failed_s if r.failed_s is not None else nan
         kv_ready = r.kv_ready_s if r.kv_ready_s is not None else nan
         kv_start = r.kv_transfer_start_s if r.kv_transfer_start_s is not None else nan
         kv_end = r.kv_transfer_end_s if r.kv_transfer_end_s is not None else nan
         rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
                      r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
-                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn, admitted, kv_ready,
+                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn, admitted, failed, kv_ready,
                      kv_start, kv_end, (kv_end - kv_start) * 1e3, r.kv_transfer_bytes, r.stage))
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",

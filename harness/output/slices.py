@@ -3,9 +3,10 @@ with its own metrics (``<strategy>/slices.csv``).
 
 A window [start, end) holds: the requests that *finished* in it (their TTFT, TPOT and E2EL: a request's
 latency is known when it ends), the output tokens the host received in it (throughput), the
-inter-token gaps whose later token fell in it, and the requests in flight — the mean over the window
-of the requests that had arrived and not yet ended (exact: each request's overlap with the window,
-divided by its length).
+inter-token gaps whose later token fell in it — tokens and gaps of finished requests, by the summary's
+rule — and the requests in flight — the mean over the window of the requests that had arrived and not yet
+ended (exact: each request's overlap with the window, divided by its length). A finished request ends at
+its last token, a failed one when its failure was seen (``failed_s``), a rejected one at its arrival.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ def slices_frame(requests: pd.DataFrame, token_times: dict[str, list[float]], du
     """One row per window of ``duration_s`` seconds from t = 0 until the last request ended."""
     if not duration_s > 0:
         raise ValueError(f"--slice-duration must be positive, got {duration_s}")
-    ended = requests["finish_s"].to_numpy(float)
-    ended = np.where(np.isnan(ended), requests["arrival_s"].to_numpy(float), ended)  # rejected: at arrival
+    ended = requests["finish_s"].to_numpy(float)  # a finished request ends at its last token,
+    if "failed_s" in requests:  # a failed one when its failure was seen (runs written before: at arrival),
+        ended = np.where(np.isnan(ended), requests["failed_s"].to_numpy(float), ended)
+    ended = np.where(np.isnan(ended), requests["arrival_s"].to_numpy(float), ended)  # a rejected one at arrival
     last = float(np.nanmax(ended)) if len(ended) else 0.0
     n = max(1, int(np.ceil(last / duration_s - 1e-12)))
     edges = np.arange(n + 1) * duration_s
@@ -34,7 +37,8 @@ def slices_frame(requests: pd.DataFrame, token_times: dict[str, list[float]], du
     e2el = ((done["finish_s"] - done["arrival_s"]) * 1e3).to_numpy(float)
     n_out = done["output_tokens"].to_numpy()
     tpot = np.where(n_out > 1, (e2el - ttft) / np.maximum(n_out - 1, 1), np.nan)
-    times = [np.asarray(token_times.get(rid, ()), float) for rid in requests["request_id"]]
+    # tokens and gaps of the finished requests, as the summary counts throughput and ITL
+    times = [np.asarray(token_times.get(rid, ()), float) for rid in done["request_id"]]
     tok = np.concatenate(times) if times else np.array([])
     # ITL one gap per streamed chunk, as vLLM counts it: tokens a step handed out together share a time
     gap_end = np.concatenate([t[1:][np.diff(t) > 0] for t in times if len(t) > 1]) if times else np.array([])

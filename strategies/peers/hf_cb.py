@@ -49,7 +49,7 @@ class HFContinuousBatchingExecutor(PeerExecutor):
 
     def _complete(self, r: Request, result) -> None:
         if result.error:
-            r.end(Status.FAILED, f"hf-cb: {result.error}")
+            r.end(Status.FAILED, f"hf-cb: {result.error}", self.clock.now())
         else:
             times = [t - self.clock.t0 for t in (result.timestamps or [])]
             tokens = result.generated_tokens[: r.max_new_tokens]

@@ -81,6 +81,7 @@ class Request:
     admitted_s: float | None = None  # first admission (run clock): where its wait in the queue ended
     # Disaggregated serving: when the prompt's KV left the prefill worker and landed on the decode worker
     # (run clock), and the bytes moved (whole blocks)
+    failed_s: float | None = None  # when a failure ended it (run clock); None: it did not fail
     kv_ready_s: float | None = None  # its prompt's KV ready to leave the prefill worker (the handoff)
     kv_transfer_start_s: float | None = None
     kv_transfer_end_s: float | None = None
@@ -286,9 +287,12 @@ class Request:
             self._outputs = 0
             self._times.clear()
 
-    def end(self, status: Status, reason: str) -> None:
-        """Terminal status; the strategy releases the slot (static keeps it until its batch ends)."""
+    def end(self, status: Status, reason: str, at_s: float | None = None) -> None:
+        """Terminal status; the strategy releases the slot (static keeps it until its batch ends). ``at_s``: when a
+        failure ended it (run clock; a finished request ends at its last token, a rejected one at its arrival)."""
         self.status = status
         self.finish_reason = reason
+        if status is Status.FAILED:
+            self.failed_s = at_s
         if self._book is not None:  # static keeps a finished request's slot: no longer running in it
             self._book.key[self.slot] &= ~1
