@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import UserError
+from harness.source import UNSENT
 from reports.tables import acceptance_by_position
 from reports.token_times import TokenTimes
 
@@ -111,8 +112,10 @@ def request_metrics(requests: pd.DataFrame, token_times: TokenTimes,
         for metric, limit in goodput.items():
             good &= {"ttft": ttft, "tpot": tpot_all, "e2el": e2el}[metric] <= limit
         out["request_goodput"] = int(good.sum()) / duration if ok else float("nan")
-        # of every request sent (a rejected or failed one meets no SLO): what a capacity search holds to
-        out["slo_attainment"] = int(good.sum()) / len(requests) if len(requests) else float("nan")
+        # of every request sent (a rejected or failed one meets no SLO; a turn whose session ended before it
+        # was sent is no request sent): what a capacity search holds to
+        sent = int((~requests["finish_reason"].astype(str).str.startswith(UNSENT)).sum())
+        out["slo_attainment"] = int(good.sum()) / sent if sent else float("nan")
     return out
 
 

@@ -110,8 +110,11 @@ def test_a_rejected_turn_ends_its_session(tmp_path):
              {"input_tokens": 20, "output_tokens": 10, "session_id": "b", "turn": 1}]
     out = tmp_path / "r"
     p = cli("run", *SIM, "--trace", _write(tmp_path / "s.jsonl", lines), "--strategies", "static,inflight",
-            "--ignore-eos", "--max-seq-len", "256", "--out", str(out))
+            "--ignore-eos", "--max-seq-len", "256", "--goodput", "e2el:100000", "--out", str(out))
     assert p.returncode == 0, p.stderr
+    # every finished turn meets the loose SLO: 3 of the 4 turns sent (turn a/2 never was)
+    summary = pd.read_csv(out / "summary.csv").set_index("strategy")
+    assert summary.loc["inflight", "slo_attainment"] == pytest.approx(3 / 4)
     for strategy in ("static", "inflight"):
         req = pd.read_parquet(out / strategy / "requests.parquet").set_index(["session_id", "turn"])
         assert req.loc[("a", 1), "status"] == "rejected" and "exceeds max_seq_len" in req.loc[("a", 1), "finish_reason"]
