@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -127,3 +128,29 @@ def test_itl_counts_streamed_chunks_not_tokens(tmp_path):
         shared += len(times[rid]) - len(distinct)
         assert itls == pytest.approx([b - a for a, b in itertools.pairwise(distinct)])
     assert shared > 500  # accepted drafts did share their step's time
+
+
+def test_a_draft_models_first_pass_takes_in_the_prompt(tmp_path):
+    """At its first verification a request's draft model has seen none of it: pass 1 feeds its whole prompt
+    (spec/draft_model.py), so that step costs a draft prefill of the prompt more than a later one, whose pass
+    1 feeds one or two tokens. One request at a time: each first verifying step (right after the prefill)
+    exceeds the median verifying step by the draft's 513-token chunk less its one-token pass."""
+    from strategies.runtime.batch import BatchWork
+    from strategies.runtime.sim.build import cost_model
+    from strategies.runtime.sim.config import SimConfig
+
+    kw = {"strategies": ("inflight",), "num_prompts": 4, "request_rate": 0.2, "input_len": 512, "output_len": 64,
+          "range_ratio": 0.0, "ignore_eos": True}
+    draft = json.dumps({"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4,
+                        "acceptance_rate": 0.7})
+    _, it, _ = _run(tmp_path, "draft", speculative_config=draft, **kw)
+    device = (it["sample_end_s"] - it["forward_start_s"]).to_numpy()
+    verifying = (it["spec_drafts"] > 0).to_numpy()
+    first = verifying & np.concatenate([[False], it["num_context_tokens"].to_numpy()[:-1] > 0])
+    assert first.sum() == 4
+    small = cost_model(SimConfig(gpu="h100", model_spec="llama-3.2-1b"))
+    n = 512 + 1  # the prompt and the token the target sampled from it
+    prefill = sum(small.phases(BatchWork(n, 1, n, n * (n + 1) // 2, n, n, n * (n + 1) // 2, 1)).values())
+    one = sum(small.phases(BatchWork(1, 1, n, n, 1, n, n, 1)).values())
+    extra = device[first] - np.median(device[verifying & ~first])
+    assert extra == pytest.approx(np.full(4, prefill - one), rel=0.25)

@@ -75,20 +75,28 @@ class SimEngine(Engine):
         io.download()
 
     def _draft_s(self, bufs: BufferSet) -> float:
-        """A draft model's steps before the verifying forward (in the forward piece's time): draft pass j
-        decodes one token for every row that proposes more than j drafts, each reading its context so far.
-        (The first pass also takes in the token the target added last step: one more token per row at most,
-        not priced.)"""
+        """A draft model's passes before the verifying forward (in the forward piece's time), as the draft
+        engine runs them (``spec/draft_model.py``): pass 1 feeds each row the tokens the draft holds no keys
+        for — at a request's first verification its whole prompt, later the target's last token and the
+        accepted drafts it never fed — as a context chunk; pass j > 1 decodes one token for every row that
+        proposes j or more drafts. Each row's draft keys then reach its last draft, as the engine's do (the
+        accept step rewinds them to what was accepted: ``speculation.receive_verified``)."""
         d = bufs.drafts
         if self.draft_cost is None or d is None or not d.num_rows:
             return 0.0
         ks = d.num_drafts.np[:d.num_rows]
-        positions = np.asarray(d.positions)
-        total = 0.0
-        for j in range(int(ks.max())):
-            rows = ks > j
-            n, kv = int(rows.sum()), int((positions[rows] + 1 + j).sum())
-            total += sum(self.draft_cost.phases(BatchWork(n, n, kv, kv)).values())
+        positions = np.asarray(d.positions)  # [R] each row's last sampled token's position
+        starts = np.minimum([r.draft_computed for r in d.rows], positions)  # [R] the draft's first unseen one
+        fed = positions + 1 - starts  # [R] tokens pass 1 feeds
+        kv, pairs = int((positions + 1).sum()), int((fed * starts + fed * (fed + 1) // 2).sum())
+        n, rows = int(fed.sum()), len(fed)
+        total = sum(self.draft_cost.phases(BatchWork(n, rows, kv, pairs, n, kv, pairs, rows)).values())
+        for j in range(1, int(ks.max())):
+            more = ks > j
+            m, kv = int(more.sum()), int((positions[more] + 1 + j).sum())
+            total += sum(self.draft_cost.phases(BatchWork(m, m, kv, kv)).values())
+        for r, p, k in zip(d.rows, positions.tolist(), ks.tolist(), strict=True):
+            r.draft_computed = p + k
         return total
 
     def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
