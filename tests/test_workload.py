@@ -101,7 +101,7 @@ def test_measured_json_sizes_prompts_to_the_server_count(validation):
     ("load: {stages: [{rate: 1, duration: 1}]}\ndata: {type: shared_prefix, shared_prefix: {enable_multi_turn_chat: "
      "true}}\n", "data.shared_prefix.enable_multi_turn_chat is not supported"),
     ("load: {stages: []}\ndata: {type: random}\n", "load.stages must list"),
-    ("load: {stages: [{rate: 1, duration: 1}]}\nbogus: 1\n", ".bogus is not supported"),
+    ("load: {stages: [{rate: 1, duration: 1}]}\nbogus: 1\n", "config: bogus is not supported"),
     ("load: [1, 2\n", "not valid YAML"),
 ])
 def test_unsupported_workloads_are_refused_in_one_line(tmp_path, text, message):

@@ -16,6 +16,9 @@ Requests are built as inference-perf builds them (its generator of February 2026
 - load constant: a stage's rate x duration requests, gaps drawn exponential and scaled so that they sum to
   the duration (inference-perf's ConstantLoadTimer); poisson: exponential gaps at the rate until the
   stage's duration. Stages run back to back; request index and prompt index continue across them.
+  (inference-perf starts a stage once the previous one's requests have finished: a replay does not wait
+  for that drain, a few seconds at the measured runs' loads. ``load.interval``, which that generator reads
+  but never uses, is accepted and ignored.)
 
 The server tokenises the generator's text again: a measured run's ``prompt_tokens`` (BOS included) are
 ~5% longer than system prompt + question. Where the file states them (the JSON), the replayed prompts are
@@ -102,7 +105,8 @@ def _dist(value: Any, where: str) -> Dist:
 def _only(obj: dict, allowed: tuple[str, ...], where: str) -> None:
     extra = sorted(set(obj) - set(allowed))
     if extra:
-        raise UserError(f"workload config: {where}.{extra[0]} is not supported here (supported: {', '.join(allowed)})")
+        key = f"{where}.{extra[0]}" if where else extra[0]
+        raise UserError(f"workload config: {key} is not supported here (supported: {', '.join(allowed)})")
 
 
 def _section(obj: dict, key: str, where: str = "") -> dict:
