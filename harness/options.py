@@ -51,10 +51,8 @@ class RunOptions:
                           choices=("measured", "modelled"))
     host_ms_per_iteration: float = _opt(0.0, "sim, modelled host time: per iteration")
     host_us_per_request: float = _opt(0.0, "sim, modelled host time: per request in the batch")
-    serving_path: str = _opt("auto", "sim: what a streaming client's TTFT and E2E include beyond the engine: vllm "
-                                     "(vLLM's OpenAI API server: 6.2 ms a request and 43 us per output row of a "
-                                     "step, docs/simulator.md), none (the engine's own times), auto (vllm on a GPU, "
-                                     "none on --gpu cpu)", choices=SERVING_CHOICES)
+    serving_path: str = _opt("auto", "sim: what a client's times include beyond the engine: vllm (vLLM's API "
+                                     "server, docs/simulator.md), none, auto (vllm on a GPU)", choices=SERVING_CHOICES)
     trace: str = _opt("synthetic", "'synthetic' or a trace file path")
     trace_format: str = _opt("auto", "replay format", choices=("auto", *FORMATS))
     workload_config: str | None = _opt(None, "a load generator's workload instead of --trace: an inference-perf "
@@ -179,8 +177,10 @@ class RunOptions:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
         self.ramp()
         self.sessions()
-        if self.workload_config is not None and self.trace != "synthetic":
-            raise UserError("--workload-config builds the requests: leave --trace out")
+        if self.workload_config is not None and (self.trace != "synthetic" or self.limit or self.start_offset
+                                                 or self.time_scale != 1.0):
+            raise UserError("--workload-config sets the requests and their stages: leave --trace, --limit, "
+                            "--start-offset and --time-scale out (shorten a stage in the file instead)")
         if self.encoder_input_len < 0:
             raise UserError(f"--encoder-input-len must be >= 0, got {self.encoder_input_len}")
         if self.prefix_len < 0:

@@ -112,6 +112,13 @@ def test_unsupported_workloads_are_refused_in_one_line(tmp_path, text, message):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
 
 
+def test_options_that_would_move_a_workloads_stages_are_refused(tmp_path):
+    path = _write(tmp_path, "w.yaml", SHARED_PREFIX)
+    for extra in (["--limit", "10"], ["--time-scale", "0.5"], ["--trace", path]):
+        r = cli("run", "--device", "sim", "--workload-config", path, *extra, "--out", str(tmp_path / "o"))
+        assert r.returncode == 2 and "leave --trace, --limit, --start-offset and --time-scale out" in r.stderr
+
+
 def test_real_token_ids_replay_on_sim(tmp_path):
     """Ids up to the spec's vocabulary (32,000 for Llama-2-7B) run on the simulated device; past it they are
     refused as outside the vocabulary (the simulated decoder's own tokens stay in [0, 512))."""
