@@ -221,3 +221,24 @@ def test_a_device_process_that_dies_ends_the_run_and_the_next_gets_a_new_one():
         s.close()
     expected = [reference_decode(eager, TINY64, r) for r in make_requests(mixed_specs())]
     assert [r.output_token_ids for r in reqs] == expected
+
+
+def test_a_device_process_that_died_idle_fails_at_wait_not_at_enqueue():
+    """The stream's contract (device/stream.py): a failure surfaces at ``wait``. A device process killed while
+    idle made the next enqueue raise instead, outside the fault handling that a fleet does at wait."""
+    import os
+    import signal
+
+    from strategies.runtime.sim.engine import _nothing
+
+    _, scripted = tiny_models()
+    s = get_strategy("inflight")(TINY64, scripted, ExecutorConfig(max_batch_size=4, max_seq_len=64))
+    try:
+        proc = s.stream._server.proc
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        work = s.stream.enqueue(0, [("nothing", _nothing, ())])  # no raise here
+        with pytest.raises(RuntimeError, match="the device process exited"):
+            s.stream.wait(work)
+    finally:
+        s.close()

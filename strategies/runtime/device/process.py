@@ -199,11 +199,15 @@ class ProcessStream(DeviceStream):
         encoded = [(name, self._target(fn), tuple(self._arg(a, states) for a in args)) for name, fn, args in pieces]
         assert self._server is not None, "build_engine first"
         if self.failure is None:
-            self._server.send(("run", work.iteration, encoded, states, self._engine.fault_at_iteration))
-            self._sent.append(work)
-        else:  # the device failed earlier: nothing more runs there
-            work.error = self.failure
-            work._finish()
+            try:
+                self._server.send(("run", work.iteration, encoded, states, self._engine.fault_at_iteration))
+            except RuntimeError as exc:  # it died while idle: the failure surfaces at wait, as the stream's
+                self.failure = exc  # contract says (a fleet's fault handling is there, not at launch)
+            else:
+                self._sent.append(work)
+                return
+        work.error = self.failure  # the device failed: nothing more runs there
+        work._finish()
 
     def _target(self, fn: Callable[..., None]) -> tuple:
         if getattr(fn, "__self__", None) is self._engine:
