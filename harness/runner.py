@@ -113,16 +113,22 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
          on_end: Callable[[Request], None] | None, fault_at_iteration: int | None,
          profile_iters: tuple[int, int] | None) -> StrategyRun:
     warmup_s = 0.0
-    if warmup:
-        t = time.perf_counter()
-        w = cls(model_cfg, model, config)
-        try:
-            w.run(TraceSource(warmup))
-        finally:
-            w.close()
-        warmup_s = time.perf_counter() - t
-    clock = make_clock(config)
-    strategy = cls(model_cfg, model, config, clock)
+    t = time.perf_counter()
+    try:
+        if warmup:
+            w = cls(model_cfg, model, config)
+            try:
+                w.run(TraceSource(warmup))
+            finally:
+                w.close()
+            warmup_s = time.perf_counter() - t
+        clock = make_clock(config)
+        strategy = cls(model_cfg, model, config, clock)
+    except Exception as exc:  # the engine failed before the run (a device process dead at start or in warm-up):
+        error = f"{type(exc).__name__}: {exc}"  # nothing was measured; every request fails with the reason
+        for r in requests:
+            r.end(Status.FAILED, f"before the run: {error}", 0.0)
+        return StrategyRun(cls.name, requests, [], 0.0, error, False, time.perf_counter() - t)
     if fault_at_iteration is not None:
         strategy.inject_fault(fault_at_iteration)
     if profile_iters is not None and config.device.startswith("cuda"):

@@ -249,3 +249,31 @@ def test_console_script_leaves_without_teardown_yet_loses_nothing(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "--max-batch-size must be positive" in bad.stderr
     assert (tmp_path / "m2").read_text() == "ran"
+
+
+def test_a_device_process_dead_at_start_is_one_line_and_exit_1(tmp_path, monkeypatch, capsys):
+    """A device process that dies while it starts (or in warm-up) ended the run with a traceback and no files:
+    now the strategy stops with one line, its requests fail with the reason, the others still run, and the
+    run directory is written (exit 1, as any engine fault)."""
+    from harness.cli import main
+    from strategies.runtime.device import process
+
+    real = process.DeviceServer.acquire
+    calls = {"n": 0}
+
+    def dies_once(cls):
+        calls["n"] += 1
+        if calls["n"] == 1:  # the first strategy's warm-up engine
+            raise RuntimeError("the device process exited at start (code -9)")
+        return real()
+
+    monkeypatch.setattr(process.DeviceServer, "acquire", classmethod(dies_once))
+    out = tmp_path / "f"
+    code = main(["run", *TINY, "--strategies", "static,inflight", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "error: static stopped early: RuntimeError: the device process exited at start (code -9)" in err
+    summary = pd.read_csv(out / "summary.csv").set_index("strategy")
+    assert summary.loc["static", "status"] == "stopped" and summary.loc["inflight", "status"] == "ok"
+    req = pd.read_parquet(out / "static" / "requests.parquet")
+    assert (req["status"] == "failed").all() and req["finish_reason"].str.contains("exited at start").all()
