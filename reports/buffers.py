@@ -87,7 +87,8 @@ def slot_occupancy(run: RunData) -> go.Figure:
 
 def buffer_sets(run: RunData) -> go.Figure:
     """Each step's buffer set, held from the host's fill (prepare) until its outputs are read
-    (postprocess), with the device's run of it inside; all strategies on one time scale."""
+    (postprocess), with the device's run of it inside; all strategies on one time scale. A fleet's engines
+    (disagg's workers, replicas) each have buffer sets of their own: a lane group per worker."""
     strategies = _strategies_with(run, run.iterations)
     windows, span = {}, 0.0
     for s in strategies:
@@ -103,7 +104,8 @@ def buffer_sets(run: RunData) -> go.Figure:
     for row, s in enumerate(strategies, start=1):
         w, t0 = windows[s]
         sets = w["buffer_set"] if "buffer_set" in w else w["micro_batch"]
-        lane = [f"set {int(k)}" for k in sets]
+        workers = w["worker"].fillna("").astype(str) if "worker" in w else [""] * len(w)  # a fleet's engines:
+        lane = [f"{wk} set {int(k)}" if wk else f"set {int(k)}" for wk, k in zip(workers, sets, strict=True)]
         held_to = w["postprocess_end_s"].fillna(w["sample_end_s"])
         phases = (("held (filled → outputs read)", w["prepare_start_s"], held_to, "#c7dcef", 0.8, False),
                   ("device runs the step", w["forward_start_s"], w["sample_end_s"], "#1f77b4", 0.45, True))

@@ -163,3 +163,23 @@ def test_timelines_of_strategies_share_one_time_scale(runs, figure):
     assert len(axes) == 3 and len({tuple(a.range) for a in axes}) == 1
     ends = [float(np.max(np.asarray(tr.base, float) + np.asarray(tr.x, float))) for tr in fig.data if len(tr.x)]
     assert max(ends) <= axes[0].range[1] and max(ends) >= 0.9 * axes[0].range[1]
+
+
+def test_a_fleets_buffer_sets_have_a_lane_group_per_worker(tmp_path):
+    """Disagg's workers are engines of their own, each with its buffer set 0: one lane each, named by worker,
+    where they all shared one lane; each lane's steps are that worker's, from the records."""
+    out = tmp_path / "d"
+    p = cli("run", "--device", "sim", "--model-spec", "tiny", "--strategies", "disagg", "--num-decode-workers", "2",
+            "--num-prompts", "30", "--request-rate", "50", "--input-len", "32", "--output-len", "16", "--warmup", "0",
+            "--no-progress", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    from reports.figures import GANTT_ITERATIONS, middle_window
+
+    run = load_run(out)
+    fig = buffers.buffer_sets(run)
+    device = next(tr for tr in fig.data if tr.name == "device runs the step")
+    it = run.iterations["disagg"]
+    a, b = middle_window(len(it), GANTT_ITERATIONS)
+    window = it.iloc[a:b]
+    assert window["worker"].nunique() >= 2
+    assert sorted(device.y) == sorted(f"{w} set 0" for w in window["worker"])  # a step's lane is its worker's
