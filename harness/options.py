@@ -166,9 +166,9 @@ class RunOptions:
                 raise UserError(f"--device {self.device}: CUDA is not available on this machine")
         if "pipeline" in self.strategies and self.device.startswith("cuda"):
             raise UserError("pipeline: the stage processes run on the CPU (gloo) or the simulated device here")
-        if self.num_replicas > 1 and set(self.strategies) - {"inflight"}:
-            raise UserError("--num-replicas: only inflight runs several engines (disagg: --num-prefill-workers and "
-                            "--num-decode-workers)")
+        if self.num_replicas > 1 and set(self.strategies) - {"inflight", "disagg"}:  # disagg: its P and D workers
+            raise UserError("--num-replicas: inflight runs several engines (disagg its --num-prefill-workers and "
+                            "--num-decode-workers), other strategies one")
         peers = [s for s in self.strategies if s.startswith("hf-")]
         if peers and self.device != "cpu":
             raise UserError(f"{peers[0]} runs transformers on the CPU only (--device {self.device})")

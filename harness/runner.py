@@ -97,7 +97,7 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
     with ``config.device_threads`` torch threads (on a device that runs torch) whatever ran before it, and
     leaves the process's thread count and switch interval as it found them."""
     cls = get_strategy(name)
-    if config.num_replicas > 1:
+    if config.num_replicas > 1 and name != "disagg":  # disagg's engines are its prefill and decode workers
         from strategies.fleet import replicated
 
         cls = replicated(cls)

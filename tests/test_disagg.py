@@ -246,6 +246,21 @@ def test_simulated_transfer_costs_what_the_link_says(tmp_path):
     assert (waited >= 0).all() and row["p99_kv_queue_ms"] == pytest.approx(np.percentile(waited, 99))
 
 
+def test_one_run_compares_replicas_with_disagg_at_equal_gpus(tmp_path):
+    """docs/disagg.md's question in one command: --num-replicas applies to inflight, P and D to disagg, and the
+    summary says what each used (2 engines, 2 GPUs each side); replicas' steps are replica0/1's, disagg's its
+    workers'."""
+    out = tmp_path / "eq"
+    p = cli("run", "--device", "sim", "--model-spec", "tiny", "--strategies", "inflight,disagg", "--num-replicas", "2",
+            "--num-prefill-workers", "1", "--num-decode-workers", "1", "--num-prompts", "30", "--request-rate", "40",
+            "--warmup", "0", "--no-progress", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    summary = pd.read_csv(out / "summary.csv").set_index("strategy")
+    assert list(summary["engines"]) == [2, 2] and list(summary["gpus"]) == [2, 2]
+    workers = {s: set(pd.read_parquet(out / s / "iterations.parquet")["worker"]) for s in ("inflight", "disagg")}
+    assert workers == {"inflight": {"replica0", "replica1"}, "disagg": {"prefill0", "decode0"}}
+
+
 def test_replicas_serve_every_request_with_the_same_tokens():
     """Two in-flight replicas behind the router: each serves some requests, the tokens are one engine's."""
     _, model = tiny_models()
@@ -288,7 +303,7 @@ def test_routers_send_arrivals_where_they_say(router):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--strategies", "overlap", "--num-replicas", "2"], "--num-replicas: only inflight"),
+    (["--strategies", "overlap", "--num-replicas", "2"], "--num-replicas: inflight runs several engines"),
     (["--strategies", "disagg", "--num-prefill-workers", "0"], "--num-prefill-workers and --num-decode-workers"),
     (["--strategies", "disagg", "--kv-link-gbps", "0"], "--kv-link-gbps must be positive"),
     (["--strategies", "disagg", "--kv-transfer-buffer-mb", "-1"], "--kv-transfer-buffer-mb must be positive"),

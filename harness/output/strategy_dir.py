@@ -22,7 +22,12 @@ from reports.token_times import TokenTimes
 
 def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: TokenTimes,
                 opts: RunOptions) -> dict:
-    row = {"strategy": run.name, "status": "ok" if run.error is None else "stopped", "error": run.error or ""}
+    # the resources a comparison is at: engines, and on the simulated device GPUs (--tp each)
+    engines = (opts.num_prefill_workers + opts.num_decode_workers if run.name == "disagg"
+               else opts.num_replicas if run.name == "inflight" else 1)
+    row = {"strategy": run.name, "status": "ok" if run.error is None else "stopped", "error": run.error or "",
+           "engines": engines,
+           "gpus": engines * opts.tp * (opts.pp if run.name == "pipeline" else 1) if opts.device == "sim" else None}
     row.update(request_metrics(req_df, tokens, opts.percentiles, opts.goodput_slo))
     row.update(engine_metrics(it_df, opts.max_batch_size))
     row["wall_s"] = run.wall_s
