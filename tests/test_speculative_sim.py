@@ -141,8 +141,8 @@ def test_a_draft_models_first_pass_takes_in_the_prompt(tmp_path):
     from strategies.runtime.sim.build import cost_model
     from strategies.runtime.sim.config import SimConfig
 
-    kw = {"strategies": ("inflight",), "num_prompts": 4, "request_rate": 0.2, "input_len": 512, "output_len": 64,
-          "range_ratio": 0.0, "ignore_eos": True}
+    kw = {"strategies": ("inflight",), "num_prompts": 4, "max_concurrency": 1, "input_len": 512, "output_len": 64,
+          "range_ratio": 0.0, "ignore_eos": True, "host_time": "modelled"}  # strictly one request at a time
     draft = json.dumps({"method": "draft_model", "model": "llama-3.2-1b", "num_speculative_tokens": 4,
                         "acceptance_rate": 0.7})
     _, it, _ = _run(tmp_path, "draft", speculative_config=draft, **kw)
