@@ -39,24 +39,34 @@ def mixtral(tmp_path_factory):
     return path, model
 
 
+PROMPTS = [np.random.default_rng(0).integers(3, 320, size=n).tolist() for n in (5, 23, 14, 9, 31)]
+NEW_TOKENS = 10
+
+
+@pytest.fixture(scope="module")
+def hf_tokens(mixtral):
+    """HF generate's greedy tokens for each prompt, once for the three strategies."""
+    _, hf_model = mixtral
+    out = []
+    for p in PROMPTS:
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=NEW_TOKENS, do_sample=False,
+                                pad_token_id=0)
+        out.append(ref[0, len(p):].tolist())
+    return out
+
+
 @pytest.mark.parametrize("strategy", ["static", "inflight", "overlap"])
-def test_mixtral_tokens_equal_hugging_face(mixtral, strategy):
+def test_mixtral_tokens_equal_hugging_face(mixtral, hf_tokens, strategy):
     """Greedy tokens of every request equal HF generate's; the budget of 16 tokens a step splits prompts into
     chunks that share steps with decode rows, so the routing runs over mixed packed batches."""
-    path, hf_model = mixtral
+    path, _ = mixtral
     cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")
     assert (cfg.num_local_experts, cfg.num_experts_per_tok) == (8, 2)
     model = script_model(load_checkpoint(path, cfg))
-    rng = np.random.default_rng(0)
-    prompts = [rng.integers(3, 320, size=n).tolist() for n in (5, 23, 14, 9, 31)]
-    new = 10
-    reqs = make_requests([(p, new, SamplingParams()) for p in prompts])
+    reqs = make_requests([(p, NEW_TOKENS, SamplingParams()) for p in PROMPTS])
     run_strategy(strategy, cfg, model, ExecutorConfig(max_batch_size=3, max_seq_len=64, max_num_tokens=16), reqs)
-    for p, r in zip(prompts, reqs, strict=True):
-        ids = torch.tensor([p])
-        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                                pad_token_id=0)
-        assert r.output_token_ids == ref[0, len(p):].tolist()
+    assert [r.output_token_ids for r in reqs] == hf_tokens
 
 
 def test_moe_config_is_validated():

@@ -52,7 +52,7 @@ def test_replay_within_five_percent_of_vllm(validation, tmp_path, name):
 def test_overloaded_run_saturates_as_vllm_did(validation, tmp_path):
     """vLLM failed 4,068 of 4,800 requests of the reasoning run (client time-outs) and served the rest after
     ~107 s: the simulated engine, KV-bound far below the offered load, leaves most requests waiting over 10 s."""
-    table, predicted = _replay(validation, tmp_path, "reasoning", 120, 120)
+    table, predicted = _replay(validation, tmp_path, "reasoning", 60, 60)
     measured_failed = table[(table["metric"] == "failed_pct")]["measured"].iloc[0]
     assert measured_failed > 80
     saturated = predicted[(predicted["stage"] == 0) & (predicted["metric"] == "saturated_pct")]["value"].iloc[0]
