@@ -17,6 +17,10 @@ would let decode attention's memory traffic hide behind the GEMMs' FLOPs, which 
 - ``communication``: tensor parallelism's two all-reduces per layer, latency plus ring traffic.
 - ``overhead``: per step and per sampled row (launches, synchronisation; what a CPU's small GEMMs lose).
 
+A mixture of experts (a Mixtral-shaped spec): the MLP's GEMMs become the router's and each expert's, priced at
+the tokens routed to it (``kernels.expert_tokens``); ``--ep`` = ``--tp`` deals whole experts to the GPUs and
+turns the MLP's all-reduce into a dispatch and a combine all-to-all.
+
 Encoder–decoder models (a BART-shaped spec): an ``encoder`` phase prices the encode piece (its layers'
 GEMMs, non-causal attention and element-wise kernels over the admitted requests' encoder tokens); the
 decoder's layers have BART's six GEMMs, project newly encoded requests into cross-attention K/V

@@ -2,8 +2,9 @@
 
 One decoder layer of a Llama-style model runs four GEMMs (``GEMMS``, each by the weight it multiplies),
 attention, and element-wise kernels (``ELEMENTWISE``: two RMSNorms, RoPE, the gated activation, two
-residual adds); a BART layer its own GEMMs. The functions below count one kernel's FLOPs and bytes on one
-tensor-parallel rank; ``profile.py`` turns them into seconds on a GPU.
+residual adds); a BART layer its own GEMMs; a mixture-of-experts layer a router and its experts' GEMMs.
+The functions below count one kernel's FLOPs and bytes on one tensor-parallel rank; ``profile.py`` turns
+them into seconds on a GPU.
 """
 
 from __future__ import annotations
