@@ -104,19 +104,27 @@ def test_measured_json_sizes_prompts_to_the_server_count(validation):
     ("load: {stages: [{rate: 1, duration: 1}]}\nbogus: 1\n", "config: bogus is not supported"),
     ("load: [1, 2\n", "not valid YAML"),
 ])
-def test_unsupported_workloads_are_refused_in_one_line(tmp_path, text, message):
+def test_unsupported_workloads_are_refused(tmp_path, text, message):
     path = _write(tmp_path, "bad.yaml", text)
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(".", r"\.")):
         load_workload(path)
+
+
+def test_an_unsupported_workload_is_one_line_and_exit_2(tmp_path):
+    """The CLI turns load_workload's UserError into one line and exit 2, before anything runs."""
+    path = _write(tmp_path, "bad.yaml", "load: {type: concurrent, stages: [{rate: 1, duration: 1}]}\n")
     r = cli("run", "--device", "sim", "--workload-config", path, "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+    assert "load.type 'concurrent' is not supported" in r.stderr and not (tmp_path / "o").exists()
 
 
 def test_options_that_would_move_a_workloads_stages_are_refused(tmp_path):
+    from harness.options import RunOptions
+
     path = _write(tmp_path, "w.yaml", SHARED_PREFIX)
-    for extra in (["--limit", "10"], ["--time-scale", "0.5"], ["--trace", path]):
-        r = cli("run", "--device", "sim", "--workload-config", path, *extra, "--out", str(tmp_path / "o"))
-        assert r.returncode == 2 and "leave --trace, --limit, --start-offset and --time-scale out" in r.stderr
+    for extra in ({"limit": 10}, {"time_scale": 0.5}, {"start_offset": 3.0}, {"trace": path}):
+        with pytest.raises(UserError, match="leave --trace, --limit, --start-offset and --time-scale out"):
+            RunOptions(device="sim", workload_config=path, **extra)
 
 
 def test_real_token_ids_replay_on_sim(tmp_path):
