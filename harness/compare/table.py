@@ -12,11 +12,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from harness.compare.measured import STATS, WHOLE_RUN
+
 COMPARE_COLUMNS = ["stage", "metric", "stat", "predicted", "measured", "rel_error", "source"]
-STATS = {"mean": np.mean, "median": np.median, "p90": lambda x: np.percentile(x, 90),
-         "p99": lambda x: np.percentile(x, 99)}
+# the measured files' statistics (measured.STATS), computed here from each request's figure
+STAT_OF = {"mean": np.mean, "median": np.median, "p90": lambda x: np.percentile(x, 90),
+           "p99": lambda x: np.percentile(x, 99)}
+assert tuple(STAT_OF) == STATS
 SATURATED_TTFT_MS = 10_000.0
-WHOLE_RUN = -1
 
 
 def stage_figures(requests: pd.DataFrame, duration_s: float, stage: int) -> list[dict]:
@@ -26,7 +29,8 @@ def stage_figures(requests: pd.DataFrame, duration_s: float, stage: int) -> list
     if len(ok):
         for metric, col in (("ttft_ms", "ttft_ms"), ("e2el_ms", "e2el_ms")):
             values = ok[col].to_numpy(dtype=float)
-            out += [{"stage": stage, "metric": metric, "stat": s, "value": float(f(values))} for s, f in STATS.items()]
+            out += [{"stage": stage, "metric": metric, "stat": s, "value": float(f(values))}
+                    for s, f in STAT_OF.items()]
         tokens = float(ok["output_tokens"].mean())
         if tokens > 1:
             tpot = (float(ok["e2el_ms"].mean()) - float(ok["ttft_ms"].mean())) / (tokens - 1)
