@@ -1,9 +1,14 @@
-"""A slotbench strategy: the shared runtime, and the three parts every strategy is made of.
+"""A slotbench strategy: the shared runtime, the three parts every step is made of, and the parts a strategy
+is given.
 
-schedule (host) → forward + sample (device) → postprocess (host). A strategy only decides how these are
-arranged in its loop and what its schedule admits; the runtime underneath is the same for all, so a
-difference between strategies in a report comes from scheduling alone. (The harness drives ``Executor``,
-``strategies/interface.py``.)"""
+schedule (host) → forward + sample (device) → postprocess (host). A concrete strategy (``static/``,
+``inflight/``, ``overlap/``, ``pipeline/``) subclasses ``Strategy`` once: its file holds its whole loop and
+builds its scheduling policy. The rest are parts it is given, not layers it inherits (``parts.py``): the
+``policy`` (``scheduler.IterationScheduler``, ``static/batcher.py``), the ``drafter`` (a draft model's
+engine, ``drafting.py``, or None), a fleet ``role`` (``fleet.ReplicaRole``, ``disagg/workers.py``, or None)
+and the ``recorder`` (``recorder.py``). The runtime underneath is the same for all, so a difference between
+strategies in a report comes from scheduling alone. (The harness drives ``Executor``, ``interface.py``.)
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,11 @@ from collections import deque
 from typing import TYPE_CHECKING, ClassVar
 
 from strategies.config import ExecutorConfig
+from strategies.drafting import build_drafter
 from strategies.interface import Executor, ExecutorStalled, RequestSource
+from strategies.parts import Policy, Role
 from strategies.phase import HostPhase
+from strategies.recorder import StepRecorder
 from strategies.running import RunningRequests
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
@@ -34,6 +42,8 @@ from strategies.speculation import receive_verified
 if TYPE_CHECKING:
     import torch
 
+    from strategies.runtime.spec.draft_model import DraftModel
+
 
 class Strategy(Executor):
     """A slotbench executor: the shared runtime, arranged by a loop of schedule → launch → postprocess."""
@@ -41,11 +51,14 @@ class Strategy(Executor):
     num_buffer_sets: ClassVar[int] = 1
     separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
     pipeline_stages: ClassVar[int] = 1  # stages the device is split into (the pipeline strategy's --pp)
-    trims_rejected_kv = False  # blocks past rejected drafts go back at once (else they stay reserved)
+    holds_finished_rows: ClassVar[bool] = False  # a finished request keeps its slot until the batch ends (static)
+    policy: Policy  # the scheduling policy: each concrete strategy builds its own after the runtime
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
-                 clock: Clock | None = None) -> None:
+                 clock: Clock | None = None, *, role: Role | None = None) -> None:
         super().__init__(model_cfg, model, config, clock)
+        self.role = role  # one worker of a fleet (its KV transceiver role), or None
+        self.label = role.label if role is not None else self.name
         self.nvtx = Nvtx(config.instrument)
         c = config
         sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": self.max_tokens_per_step(),
@@ -74,10 +87,17 @@ class Strategy(Executor):
         self._admissions = 0
         self._scheduling = -1  # the iteration whose schedule runs now (admissions start their slot tenure there)
         self._last_scheduled = -1  # the last iteration scheduled with work: a release's last computed step
-        self._evictions_seen = 0
-        self._last_launched: IterationRecord | None = None
-        self._last_waited: IterationRecord | None = None
         self._phase = HostPhase(self)  # ``with self._phase(rec, "schedule"):`` times a host phase into rec
+        self.recorder = StepRecorder(self.clock, self.slots, self.kv, self.waiting, self.records,
+                                     role.label if role is not None else "")
+        if role is not None:
+            role.attach(self)
+        self.drafter: DraftModel | None = None
+        try:
+            self.drafter = build_drafter(c, model_cfg, self._local_engine)  # (its own model: no role's extras)
+        except BaseException:
+            self.close()
+            raise
 
     # --- interface --------------------------------------------------------------------------------
     def run(self, source: RequestSource) -> None:
@@ -85,8 +105,11 @@ class Strategy(Executor):
         self._loop()
 
     def close(self) -> None:
-        """Stop the device stream and drop the device's tensors (weights, KV pools, buffers), so that
+        """Stop the device streams and drop the device's tensors (weights, KV pools, buffers), so that
         nothing of this executor stays on the card while the next one runs."""
+        if getattr(self, "drafter", None) is not None:
+            self.drafter.close()
+            self.drafter = None
         self.stream.close()
         self.slots.close_open(self._last_scheduled)
         self.engine = None  # type: ignore[assignment]
@@ -99,6 +122,8 @@ class Strategy(Executor):
 
     def _local_engine(self, sizes: dict, cfg: ModelConfig | None = None, model: torch.nn.Module | None = None) -> tuple:
         """(stream, engine) of a device this process drives, for the strategy's model or a draft model's."""
+        if cfg is None and self.role is not None:  # the strategy's own engine: what its fleet role adds
+            sizes = {**sizes, **self.role.engine_sizes(self.model_cfg, self.config)}
         c, cfg, model = self.config, cfg or self.model_cfg, self.model if model is None else model
         stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory, c.cpu_device)
         try:
@@ -119,28 +144,22 @@ class Strategy(Executor):
     def max_tokens_per_step(self) -> int:
         return self.config.max_num_tokens
 
+    @abstractmethod
     def _loop(self) -> None:
-        """The synchronous loop: schedule → launch → wait → postprocess, one step at a time."""
-        bufs = self.engine.buffer_sets[0]
-        iteration = 0
-        while self._intake():
-            self.nvtx.push("iteration")
-            rec, batch = self._schedule_phase(iteration)
-            if batch:
-                work = self._launch(rec, batch, bufs)
-                self._wait(rec, work)
-                self._postprocess(rec, bufs)
-                self._after_step()
-                iteration += 1
-            self.nvtx.pop()
-            if not batch:
-                self._idle()
-
-    def _after_step(self) -> None:
-        """Hook after each step's postprocess (static ends its batch here)."""
+        """The strategy's arrangement of the three parts, until ``_intake`` says nothing is left."""
 
     @abstractmethod
     def schedule(self, iteration: int) -> ScheduledBatch: ...
+
+    def rejection(self, r: Request) -> str | None:
+        reason = super().rejection(r)
+        return reason if reason is not None else self.policy.rejection(r)
+
+    def _step(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> None:
+        """One step, synchronously: launch it, wait for it, postprocess it."""
+        work = self._launch(rec, batch, bufs)
+        self._wait(rec, work)
+        self._postprocess(rec, bufs)
 
     # --- intake and idling ------------------------------------------------------------------------
     def _intake(self) -> bool:
@@ -158,7 +177,7 @@ class Strategy(Executor):
         assert self.source is not None
         nxt = self.source.next_arrival_s()
         if nxt is None:
-            raise ExecutorStalled(f"{self.name}: nothing schedulable and nothing arriving "
+            raise ExecutorStalled(f"{self.label}: nothing schedulable and nothing arriving "
                                   f"({len(self.waiting)} waiting, {len(self.running)} running)")
         self.clock.sleep_until(nxt)
 
@@ -183,6 +202,13 @@ class Strategy(Executor):
             r.leave_slot()
         self.running.discard(r)  # (static keeps finished requests' slots; a preempted one is not running)
 
+    def _preempt(self, r: Request) -> None:
+        """Free ``r``'s slot and blocks and requeue it at the front: it recomputes what it had (the policy's
+        max-utilization, when a running request cannot grow)."""
+        self._release(r, "preempted")
+        r.preempt()
+        self.waiting.appendleft(r)
+
     # --- the three parts ------------------------------------------------------------------------
     def _schedule_phase(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
         if self.iteration_hook is not None:
@@ -191,50 +217,34 @@ class Strategy(Executor):
         self._scheduling = iteration
         with self._phase(rec, "schedule"):
             batch = self.schedule(iteration)
+            if self.role is not None:
+                self.role.scheduled(batch)
             if self.kv.prefix_caching:  # blocks this step fills become reusable for later steps
                 for r in self.running:
                     self.kv.commit(r.slot, r)
             for c in batch.context:  # a prefill's last chunk: its slot decodes from the next step
                 if c.samples:
                     self.slots.prefilled(c.request.slot, iteration)
-        rec.count_batch(batch)
-        rec.active_slots = self.slots.num_used
-        rec.waiting_requests = len(self.waiting)
-        rec.kv_blocks_used = self.kv.blocks_in_use
-        rec.kv_blocks_total = self.kv.total_blocks
-        rec.kv_blocks_cached = self.kv.cached_free_blocks
-        rec.kv_evictions, self._evictions_seen = self.kv.evictions - self._evictions_seen, self.kv.evictions
-        rec.preemptions = len(batch.preempted)
+        self.recorder.scheduled(rec, batch)
         if batch:
-            self.records.append(rec)
             self._last_scheduled = iteration
         return rec, batch
 
     def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
+        if self.drafter is not None and batch.verify:  # the draft's passes first: the step verifies their tokens
+            rec.draft_start_s = self.clock.now()
+            self.drafter.propose(batch.verify, self.kv.tables)
+            rec.draft_end_s = self.clock.now()
         with self._phase(rec, "prepare"):
             self.engine.prepare(batch, bufs, self.kv.tables, self.cross_kv.table if self.cross_kv else None)
             io = bufs.step  # each row's slot key, as its holder runs now (progress.py: SlotProgress.key)
             io.keys[:io.num_rows] = self.progress.key[io.slots.np[:io.num_rows]] | 1
         work = self.engine.launch(rec.iteration, bufs)
-        rec.launch_s = self.clock.now()
-        rec.buffer_set = bufs.index
-        rec.num_samples = bufs.runtime.num_samples
-        rec.num_encoder_tokens = bufs.encoder.num_tokens if bufs.encoder is not None else 0
-        rec.count_work(bufs.work)
-        if self._last_launched is not None:
-            self._last_launched.waited_before_next_launch = int(self._last_waited is self._last_launched)
-        self._last_launched = rec
+        self.recorder.launched(rec, bufs)
         return work
 
     def _wait(self, rec: IterationRecord, work: DeviceWork) -> None:
-        rec.wait_s = self.stream.wait(work)
-        self._last_waited = rec
-        for name, (start, end) in work.times.items():
-            setattr(rec, f"{name}_start_s", start)
-            setattr(rec, f"{name}_end_s", end)
-        if work.stages:
-            rec.stage_start_s = tuple(s for s, _ in work.stages)
-            rec.stage_end_s = tuple(e for _, e in work.stages)
+        self.recorder.waited(rec, work, self.stream.wait(work))
 
     def _postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
         """Hand each sampled token to its request; finish the ones the device says are done. Rows the
@@ -271,7 +281,7 @@ class Strategy(Executor):
                         self._finish(r, FINISH_REASONS[code])
             if bufs.drafts is not None and bufs.drafts.num_rows:
                 for r, reason in receive_verified(rec, bufs.drafts, self.engine.verify_outputs(bufs), now,
-                                                  self.kv if self.trims_rejected_kv else None):
+                                                  self.kv if self.policy.trims_rejected_kv else None):
                     self._finish(r, reason)
             if beams_done:
                 results = self.engine.read_beams(rec.iteration, [r for r, _ in beams_done])
@@ -280,9 +290,11 @@ class Strategy(Executor):
                     self._finish(r, FINISH_REASONS[code])
 
     def _finish(self, r: Request, reason: str) -> None:
-        self._release(r)
+        if not self.holds_finished_rows:  # (static: the row stays in its batch, as padding, to the batch's end)
+            self._release(r)
         if r.status is Status.WAITING and r in self.waiting:  # overlap: preempted with its last token on the device
             self.waiting.remove(r)
         r.end(Status.FINISHED, reason)
         assert self.source is not None
         self.source.on_finished(r)
+

@@ -1,6 +1,7 @@
 """Several engines behind one host loop: the in-flight strategy's steps on N devices at once.
 
-A fleet's workers are in-flight executors, each with an engine, slots, KV pool and device stream of its own
+A fleet's workers are in-flight strategies, each given a role (``ReplicaRole``; disagg's prefill and decode
+roles) and each with an engine, slots, KV pool and device stream of its own
 (on the simulated device each is a GPU, or a TP group, of its own on one virtual clock). The loop is the
 in-flight loop spread over them: every idle worker schedules and launches its next step, then the host takes
 whichever step finishes first and postprocesses it. Two fleets:
@@ -23,6 +24,7 @@ from typing import TYPE_CHECKING
 from strategies.config import ExecutorConfig
 from strategies.inflight.executor import InflightStrategy
 from strategies.interface import Executor, ExecutorStalled, RequestSource
+from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.clock import Clock
@@ -37,19 +39,35 @@ if TYPE_CHECKING:
 POLL_S = 2e-4  # real devices, several steps in flight: how often the host looks for one that is done
 
 
-class Worker(InflightStrategy):
-    """An in-flight executor that is one engine of a fleet."""
+Worker = InflightStrategy  # a fleet's worker: the in-flight strategy given a role (``role``), not a subclass
 
-    role = "replica"
 
-    def __init__(self, *args, index: int = 0, **kwargs) -> None:
-        self.label = f"{self.role}{index}"  # records' ``worker`` column
+class ReplicaRole:
+    """The part that makes an in-flight strategy one engine of a fleet: its label, its own step count, and
+    what the fleet asks of it (its requests, its load for the router, failing them when it dies). Disagg's
+    prefill and decode roles add the KV transceiver's side (``strategies/disagg/workers.py``)."""
+
+    kind = "replica"
+
+    def __init__(self, index: int = 0) -> None:
+        self.label = f"{self.kind}{index}"  # records' ``worker`` column
         self.next_iteration = 0  # this worker's step count (each worker numbers its own steps)
-        super().__init__(*args, **kwargs)
+        self.worker: Worker  # the strategy this role is part of (``attach``)
+
+    def attach(self, worker: Worker) -> None:
+        """Called once, when ``worker``'s runtime exists."""
+        self.worker = worker
+
+    def engine_sizes(self, model_cfg: ModelConfig, config: ExecutorConfig) -> dict[str, int]:
+        """Engine sizes the role adds (a KV staging buffer)."""
+        return {}
+
+    def scheduled(self, batch: ScheduledBatch) -> None:
+        """Called as each of the worker's schedules returns ``batch``."""
 
     def requests(self) -> list[Request]:
         """Every request this worker holds or queues, whatever its state."""
-        return [*self.waiting, *self.running]
+        return [*self.worker.waiting, *self.worker.running]
 
     def load(self) -> int:
         """Tokens still to compute for what it holds and queues: the router's measure."""
@@ -59,11 +77,12 @@ class Worker(InflightStrategy):
     def fail_all(self, reason: str) -> list[Request]:
         """The worker died: its requests end failed, in the records as they stood."""
         failed = [r for r in self.requests() if not r.status.terminal]
-        now = self.clock.now()
+        w = self.worker
+        now = w.clock.now()
         for r in failed:
             r.end(Status.FAILED, reason, now)
-        self.waiting.clear()
-        self.running.clear()
+        w.waiting.clear()
+        w.running.clear()
         return failed
 
 
@@ -170,12 +189,11 @@ class Fleet(Executor):
         return min(entry, key=_load)
 
     def _launch(self, w: Worker) -> tuple | None:
-        rec, batch = w._schedule_phase(w.next_iteration)
-        rec.worker = w.label
+        rec, batch = w._schedule_phase(w.role.next_iteration)
         if not batch:
             return None
         bufs = w.engine.buffer_sets[0]
-        w.next_iteration += 1
+        w.role.next_iteration += 1
         return rec, w._launch(rec, batch, bufs), bufs
 
     def _finish(self, w: Worker, rec: IterationRecord, work: DeviceWork, bufs: BufferSet) -> None:
@@ -225,16 +243,16 @@ class Fleet(Executor):
         reason = f"{w.label} failed: {type(exc).__name__}: {exc}"
         self.error = self.error or reason
         self.alive.remove(w)
-        failed = {id(r): r for r in [*self._forget(w), *w.fail_all(reason)]}
+        failed = {id(r): r for r in [*self._forget(w), *w.role.fail_all(reason)]}
         assert self.source is not None
         now = self.clock.now()
         for r in failed.values():
             if r.status is not Status.FAILED:
                 r.end(Status.FAILED, reason, now)
             self.source.on_finished(r)
-        for role in {x.role for x in self.workers}:
-            if not any(x.role == role for x in self.alive):
-                raise RuntimeError(f"{reason}; no {role} worker left")
+        for kind in {x.role.kind for x in self.workers}:
+            if not any(x.role.kind == kind for x in self.alive):
+                raise RuntimeError(f"{reason}; no {kind} worker left")
 
     def _forget(self, w: Worker) -> list[Request]:
         """Requests lost with ``w`` outside its own queues (before its queues are failed)."""
@@ -242,7 +260,7 @@ class Fleet(Executor):
 
 
 def _load(w: Worker) -> int:
-    return w.load()
+    return w.role.load()
 
 
 class Replicas(Fleet):
@@ -252,7 +270,8 @@ class Replicas(Fleet):
 
     def _build(self) -> None:
         for i in range(self.config.num_replicas):
-            self.workers.append(Worker(self.model_cfg, self.model, self.config, self.clock, index=i))
+            self.workers.append(InflightStrategy(self.model_cfg, self.model, self.config, self.clock,
+                                                 role=ReplicaRole(i)))
 
     def inject_fault(self, iteration: int) -> None:
         """The harness's fault hook: replica 0's device fails at its step ``iteration``."""

@@ -45,6 +45,18 @@ class IterationScheduler:
         self.book = book if config.max_beam_width == 1 and config.speculative is None else None
         self.guaranteed = config.capacity_policy == "guaranteed-no-evict"
         self.watermark = 0 if self.guaranteed else math.ceil(config.kv_watermark * kv.total_blocks)
+        # max-utilization takes blocks as tokens need them, so those past rejected drafts go back at once;
+        # guaranteed-no-evict's are the request's reservation to its end
+        self.trims_rejected_kv = not self.guaranteed
+
+    def rejection(self, r: Request) -> str | None:
+        """Without chunked prefill a prompt (and an encoder input, run in the step that admits its request)
+        must fit one step's token budget."""
+        need = r.prompt_len + r.encoder_len
+        if not self.config.chunked_prefill and need > self.config.max_num_tokens:
+            return (f"prompt ({need} tokens, encoder input included) exceeds max_num_tokens "
+                    f"({self.config.max_num_tokens}) without chunked prefill")
+        return None
 
     def schedule(self, iteration: int, waiting: deque[Request], running: list[Request], free_slots: int,
                  admit: Admit, preempt: Preempt) -> ScheduledBatch:

@@ -1,6 +1,8 @@
 """The architecture, read from the source: folders of at most 12 modules, modules of at most 300 lines, no
-import cycle between modules, and layers that point down (the runtime imports nothing above it; reports
-read DataFrames and import neither harness nor strategies; strategies never import the harness).
+import cycle between modules, layers that point down (the runtime imports nothing above it; reports
+read DataFrames and import neither harness nor strategies; strategies never import the harness), and no
+class deeper than three of the project's classes (Executor → Strategy → a concrete strategy): a strategy
+is composed of the parts it is given, not inherited through a chain.
 
 Every import counts, wherever it stands: at module level, inside a function (a lazy import still runs,
 and a cycle through one is a cycle), or under ``TYPE_CHECKING``."""
@@ -13,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("harness", "strategies", "reports")
 MAX_MODULES_PER_FOLDER = 12
 MAX_LINES = 300
+MAX_CLASS_DEPTH = 3
 
 
 def source_files() -> dict[str, Path]:
@@ -104,3 +107,53 @@ def test_folders_hold_at_most_12_modules():
 def test_modules_have_at_most_300_lines():
     long = {m: n for m, p in source_files().items() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, long
+
+
+def class_depths(modules: dict[str, str]) -> dict[str, int]:
+    """``module.Class`` → how many of the project's classes its longest chain of bases holds, itself included
+    (a class whose bases are all outside ``modules`` — object, ABC, Protocol, list, torch's — has depth 1).
+    Bases are resolved through the module's own classes, its ``from m import Name`` imports and module-level
+    aliases (``Worker = InflightStrategy``)."""
+    classes: dict[str, list[str]] = {}  # qualified class → qualified bases (unresolved ones dropped)
+    for m, text in modules.items():
+        tree = ast.parse(text)
+        names: dict[str, str] = {}  # a name in m → the qualified name it stands for
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        for node in tree.body:
+            if isinstance(node, ast.ClassDef):
+                names[node.name] = f"{m}.{node.name}"
+            elif isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and len(node.targets) == 1 \
+                    and isinstance(node.targets[0], ast.Name):
+                names[node.targets[0].id] = names.get(node.value.id, node.value.id)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                classes[f"{m}.{node.name}"] = [names[b.id] for b in node.bases
+                                               if isinstance(b, ast.Name) and b.id in names]
+    depth: dict[str, int] = {}
+
+    def of(c: str) -> int:
+        if c not in depth:
+            depth[c] = 1 + max((of(b) for b in classes[c] if b in classes), default=0)
+        return depth[c]
+
+    return {c: of(c) for c in classes}
+
+
+def test_class_hierarchies_are_at_most_three_deep():
+    """Executor → Strategy → InflightStrategy is the deepest chain a strategy may have; speculation, fleet
+    roles and scheduling policies are parts. The walk finds the chains it is meant to (two assertions below),
+    so an empty answer is not a parse that found nothing."""
+    depths = class_depths({m: p.read_text() for m, p in source_files().items()})
+    deep = {c: d for c, d in depths.items() if d > MAX_CLASS_DEPTH}
+    assert not deep, deep
+    assert depths["strategies.inflight.executor.InflightStrategy"] == 3
+    assert depths["strategies.disagg.executor.DisaggStrategy"] == 3
+
+
+def test_the_depth_walk_follows_imports_and_aliases():
+    """Four classes over two modules, one base reached through an alias: depth 4 is seen."""
+    a = "class A:\n    pass\nclass B(A):\n    pass\n"
+    b = "from pkg.a import B\nAlias = B\nclass C(Alias):\n    pass\nclass D(C, list):\n    pass\n"
+    assert class_depths({"pkg.a": a, "pkg.b": b}) == {"pkg.a.A": 1, "pkg.a.B": 2, "pkg.b.C": 3, "pkg.b.D": 4}

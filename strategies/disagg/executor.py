@@ -18,8 +18,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from strategies.disagg.transceiver import KVTransceiver, WorkerDied
-from strategies.disagg.workers import DecodeWorker, PrefillWorker
+from strategies.disagg.workers import DecodeRole, PrefillRole, staging_blocks
 from strategies.fleet import Fleet, Worker
+from strategies.inflight.executor import InflightStrategy
 from strategies.runtime.kv_transfer.link import LinkModel
 from strategies.runtime.kv_transfer.staging import block_bytes
 from strategies.runtime.request import Request
@@ -38,14 +39,16 @@ class DisaggStrategy(Fleet):
 
     def _build(self) -> None:
         d = self.config.disagg
-        self.prefill: list[PrefillWorker] = []
-        self.decode: list[DecodeWorker] = []
+        self.prefill: list[Worker] = []  # each role: PrefillRole
+        self.decode: list[Worker] = []  # each role: DecodeRole
         for i in range(d.num_prefill_workers):
-            self.prefill.append(PrefillWorker(self.model_cfg, self.model, self.config, self.clock, index=i))
+            self.prefill.append(InflightStrategy(self.model_cfg, self.model, self.config, self.clock,
+                                                 role=PrefillRole(i)))
             self.workers.append(self.prefill[-1])
         decode_cfg = replace(self.config, prefix_caching=False)  # prompts arrive by transfer, not from a cache
         for i in range(d.num_decode_workers):
-            self.decode.append(DecodeWorker(self.model_cfg, self.model, decode_cfg, self.clock, index=i))
+            self.decode.append(InflightStrategy(self.model_cfg, self.model, decode_cfg, self.clock,
+                                                role=DecodeRole(i)))
             self.workers.append(self.decode[-1])
         self.transceiver = self._transceiver()
 
@@ -64,7 +67,7 @@ class DisaggStrategy(Fleet):
             self._link_store = connect([w.stream for w in self.workers])
             ranks = {w: i for i, w in enumerate(self.workers)}
         return KVTransceiver(self.clock, c.tokens_per_block, block_bytes(self.model_cfg, c.tokens_per_block),
-                             self.prefill[0].staging_blocks(), None, ranks)
+                             staging_blocks(self.model_cfg, c), None, ranks)
 
     def entry(self) -> list[Worker]:
         return [w for w in self.prefill if w in self.alive]
@@ -91,12 +94,11 @@ class DisaggStrategy(Fleet):
         self.transceiver.start([w for w in self.decode if w in self.alive])
 
     def _after_step(self, w: Worker) -> None:
-        if isinstance(w, PrefillWorker):
+        if isinstance(w.role, PrefillRole):
             now = self.clock.now()  # the engine's time: a client's first token may come later (--serving-path)
-            for r in w.handoffs:
+            for r in w.role.hand_off():
                 r.kv_ready_s = now
-            self.transceiver.queue.extend((r, w) for r in w.handoffs)
-            w.handoffs.clear()
+                self.transceiver.queue.append((r, w))
 
     def _forget(self, w: Worker) -> list[Request]:
         return self.transceiver.drop(w)

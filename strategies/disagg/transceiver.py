@@ -24,7 +24,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from strategies.disagg.workers import DecodeWorker, PrefillWorker
 from strategies.fleet import Worker
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.stream import DeviceWork
@@ -42,8 +41,8 @@ class WorkerDied(RuntimeError):
 @dataclass(eq=False)
 class Transfer:
     request: Request
-    src: PrefillWorker
-    dst: DecodeWorker
+    src: Worker  # its role: PrefillRole
+    dst: Worker  # its role: DecodeRole
     src_blocks: np.ndarray  # [n] the prompt's blocks in the sender's pool
     dst_blocks: np.ndarray  # [n] the preallocated blocks they go to
     moved: int = 0  # blocks landed so far
@@ -62,24 +61,24 @@ class KVTransceiver:
         self.staging_blocks = staging_blocks  # blocks per chunk
         self.link = link  # None: a real device moves the bytes itself
         self.ranks = ranks  # each worker's rank on the gloo link between device processes; None: the host relays
-        self.queue: deque[tuple[Request, PrefillWorker]] = deque()  # the prealloc queue
+        self.queue: deque[tuple[Request, Worker]] = deque()  # the prealloc queue
         self.active: list[Transfer] = []
 
     def busy(self, w: Worker) -> bool:
         return any(t.src is w or t.dst is w for t in self.active)
 
-    def start(self, decode: list[DecodeWorker]) -> None:
+    def start(self, decode: list[Worker]) -> None:
         """Start every queued transfer whose sender is free and that a free decode worker has room for,
         in order; the first that finds no room stops the rest (FIFO)."""
         for entry in list(self.queue):
             r, src = entry
             if self.busy(src):
                 continue
-            free = sorted((d for d in decode if not self.busy(d)), key=lambda d: len(d.running) + len(d.receiving))
+            free = sorted((d for d in decode if not self.busy(d)), key=lambda d: len(d.running) + len(d.role.receiving))
             if not free:
                 return
             for dst in free:
-                slot = dst.preallocate(r)
+                slot = dst.role.preallocate(r)
                 if slot is not None:
                     break
             else:
@@ -160,8 +159,8 @@ class KVTransceiver:
             self.active.remove(t)
             r = t.request
             r.kv_transfer_end_s = t.end_s if self.link is not None else self.clock.now()
-            t.src.sent(r)
-            t.dst.received(r)
+            t.src.role.sent(r)
+            t.dst.role.received(r)
         if failure is not None:
             raise failure
         return done
@@ -175,10 +174,10 @@ class KVTransceiver:
             self.active.remove(t)
             if t.src is w:
                 if t.dst is not w:
-                    t.dst.cancel(t.request)
+                    t.dst.role.cancel(t.request)
                 lost.append(t.request)
             else:
-                w.receiving.pop(t.request)  # type: ignore[attr-defined]
+                w.role.receiving.pop(t.request)
                 self.queue.appendleft((t.request, t.src))
         for entry in [e for e in self.queue if e[1] is w]:
             self.queue.remove(entry)

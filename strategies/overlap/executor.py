@@ -1,4 +1,4 @@
-"""Overlap scheduling: the in-flight loop with postprocess moved one iteration later.
+"""Overlap scheduling: the in-flight policy, with postprocess moved one iteration later in the loop.
 
 The host schedules and prepares step n+1 and launches it before it waits for step n, then processes
 n's tokens while the device runs n+1. Generation inputs of n+1 are read on the device from the tokens
@@ -8,33 +8,41 @@ slot is released one iteration later. Length finishes are known in advance: once
 token is launched its slot and blocks go back at the next schedule, before that token is read — safe
 because the device runs steps in order, so a new owner's admission lands after the old step. A beam
 request keeps its slot until its finish is read: its hypotheses are read back from the slot then.
+
+Speculation: a request whose token of step n is still on the device drafts past a guess of it (n-gram:
+``speculation.propose_drafts``; a draft model: ``spec/draft_model.py``) while n runs; the device verifies
+them after the real token. A request verifying in step n sits step n + 1 out, as its next position is known
+only once n's outputs are read.
 """
 
 from __future__ import annotations
 
-from strategies.inflight.executor import InflightStrategy
+from strategies.base import Strategy
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
+from strategies.scheduler import IterationScheduler
 
 
-class OverlapStrategy(InflightStrategy):
+class OverlapStrategy(Strategy):
     name = "overlap"
     num_buffer_sets = 2
-    # Speculation: a request whose token of step n is still on the device drafts past a guess of it (n-gram:
-    # speculation.propose_drafts; a draft model: spec/draft_model.py) while n runs; the device verifies them
-    # after the real token. A request verifying in step n sits step n + 1 out, as its next position is known
-    # only once n's outputs are read.
     speculates = True
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         for r in list(self.running):
             if r.width == 1 and not r.is_prefilling and not r.wants_more_samples:  # last token launched, not read
                 self._release(r)
-        return super().schedule(iteration)
+        return self.policy.schedule(iteration, self.waiting, self.running, self.slots.num_free, self._admit,
+                                    self._preempt)
 
     def _loop(self) -> None:
+        """schedule → launch step n+1, then wait for and postprocess step n while n+1 runs."""
         prev: tuple[IterationRecord, DeviceWork, BufferSet] | None = None
         iteration = 0
         while self._intake() or prev is not None:

@@ -1,4 +1,4 @@
-"""Pipeline parallelism: the in-flight loop with M micro-batches in flight over N stage processes.
+"""Pipeline parallelism: the in-flight policy, with M micro-batches in flight over N stage processes.
 
 The model's layers are split into N contiguous stages, each a process of its own with only its layers'
 KV cache (``strategies/runtime/pipeline/``). While stage 1 computes micro-batch k, stage 0 can compute
@@ -17,8 +17,8 @@ from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from strategies.base import Strategy
 from strategies.config import ExecutorConfig
-from strategies.inflight.executor import InflightStrategy
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.device.clock import Clock
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import torch
 
 
-class PipelineStrategy(InflightStrategy):
+class PipelineStrategy(Strategy):
     name = "pipeline"
     speculates = False  # its stages would each need the drafts; not built
 
@@ -46,8 +46,8 @@ class PipelineStrategy(InflightStrategy):
         # The slots are shared by the M micro-batches: each takes at most its share of rows, so that the
         # pipeline fills with M micro-batches of similar size instead of one that takes every request.
         self.rows_per_micro_batch = -(-config.max_batch_size // self.num_buffer_sets)
-        self.scheduler = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
-                                            self.cross_kv, self.progress)
+        self.policy = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
+                                         self.cross_kv, self.progress)
 
     def _process_engine(self, sizes: dict) -> tuple:
         from strategies.runtime.pipeline.stage_group import PipelineEngine
@@ -78,7 +78,7 @@ class PipelineStrategy(InflightStrategy):
 
     def schedule(self, iteration: int) -> ScheduledBatch:
         idle = self.running.select([id(r) not in self._in_flight for r in self.running], self.rows_per_micro_batch)
-        return self.scheduler.schedule(iteration, self.waiting, idle, self.slots.num_free, self._admit, self._preempt)
+        return self.policy.schedule(iteration, self.waiting, idle, self.slots.num_free, self._admit, self._preempt)
 
     def _loop(self) -> None:
         """schedule → launch, and once M micro-batches are in flight (or nothing else can be scheduled)

@@ -1,0 +1,37 @@
+"""What a strategy asks of the parts it is given (``strategies/base.py``): a scheduling policy and, in a fleet,
+a role. (The drafter is a ``DraftModel`` or None; the recorder is ``recorder.StepRecorder``.)"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from strategies.config import ExecutorConfig
+    from strategies.runtime.batch import ScheduledBatch
+    from strategies.runtime.models.config import ModelConfig
+    from strategies.runtime.request import Request
+
+
+class Policy(Protocol):
+    """What a scheduling policy answers beside its schedule (whose arguments differ by policy: the strategy's
+    ``schedule`` calls it): ``scheduler.IterationScheduler``, ``static/batcher.StaticBatcher``."""
+
+    trims_rejected_kv: bool  # blocks past rejected drafts go back at once (else they stay reserved)
+
+    def rejection(self, r: Request) -> str | None:
+        """Why this policy can never schedule ``r`` (beyond the executor's own limits), or None."""
+
+
+class Role(Protocol):
+    """A strategy as one worker of a fleet: ``fleet.ReplicaRole``, ``disagg/workers.py``'s prefill and decode."""
+
+    label: str  # the worker's name in the records (prefill0, decode1, replica0)
+
+    def attach(self, worker: object) -> None:
+        """Called once, when the strategy's runtime exists."""
+
+    def engine_sizes(self, model_cfg: ModelConfig, config: ExecutorConfig) -> dict[str, int]:
+        """Engine sizes the role adds to the strategy's engine (a KV staging buffer)."""
+
+    def scheduled(self, batch: ScheduledBatch) -> None:
+        """Called as each of the strategy's schedules returns ``batch``."""
