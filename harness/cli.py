@@ -273,8 +273,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def entry() -> NoReturn:
     """The console script: ``main``, then leave without the interpreter's teardown. Finalising torch's,
-    pandas' and plotly's modules took 0.45 s of a 3.3 s simulated run (issue 27) and does nothing a user
-    needs: files are closed where they are written, and exit handlers (Ray, multiprocessing's children,
+    pandas' and plotly's modules takes a noticeable share of a short run (docs/host-path.md) and does nothing a
+    user needs: files are closed where they are written, and exit handlers (Ray, multiprocessing's children,
     weakref finalizers) still run here. With a non-daemon thread still alive the normal exit joins it.
     ``python -m harness.cli`` keeps the normal exit, so that a profiler writing at exit (``python -m cProfile
     -m harness.cli``) still gets its file."""

@@ -1,19 +1,69 @@
 """From options to a resolved plan: the trace, the model (or the simulated device's stand-in), the executor's
 limits (KV capacity from GPU memory on the simulated device), and the checks that refuse a plan that cannot
-run, before anything is measured."""
+run, before anything is measured or written (``execute``'s first stage, ``harness/app.py``)."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
+from harness.context_length import resolve_max_seq_len
 from harness.errors import UserError
 from harness.options import RunOptions
+from harness.runner import request_ids
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
+from harness.traces.trace import TraceRequest
 from harness.traces.workload import load_workload
 from harness.traces.workload_trace import workload_trace
 from strategies.config import ExecutorConfig
 from strategies.runtime.models.checkpoint import load_checkpoint, resolve_model_config
 from strategies.runtime.models.config import PRESETS, ModelConfig
+from strategies.runtime.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Everything a run needs, resolved and checked: what the strategies are then run with."""
+
+    opts: RunOptions  # the options, with what they left open resolved (--max-seq-len)
+    trace: Trace  # the fitted trace: every strategy replays the same requests
+    model_cfg: ModelConfig  # the model's config (on the simulated device: the spec's stand-in)
+    model: Any  # the host's model (a torch module), or None on the simulated device
+    executor: ExecutorConfig  # the executor's limits (KV capacity; beam rows as wide as the widest request)
+    sim_info: dict | None  # the simulated device's memory and profile (run.json), or None
+    defaults: SamplingParams  # sampling a trace line does not override
+    warm: list[TraceRequest]  # the warm-up requests (--warmup), capped in length
+
+
+def resolve_plan(opts: RunOptions, log: Callable[[str], None]) -> Plan:
+    """Options → a plan; a plan that cannot run is refused here (UserError), before anything is measured."""
+    trace = make_trace(opts)
+    request_ids(trace.requests)  # refused here, before anything is written, if a generated id is a given one
+    for note in trace.notes:
+        log(f"note: {trace.source}: {note}")
+    if trace.skipped:
+        log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
+    model_cfg, model = load_model(opts)
+    opts = resolve_max_seq_len(opts, model_cfg)
+    check_encoder_inputs(opts, model_cfg, trace)
+    check_draft_model(opts, model_cfg)
+    executor, sim_info = resolve_executor(opts)
+    defaults = opts.sampling_defaults()
+    if executor.speculative is not None and model_cfg.is_encoder_decoder:
+        raise UserError("--speculative-config: an encoder–decoder model does not speculate here")
+    # The decoder state and block tables hold as many beam rows per slot as the widest request needs.
+    widest = max([defaults.beam_width] + [int((t.sampling or {}).get("beam_width", 1)) for t in trace.requests])
+    if widest != executor.max_beam_width:
+        try:
+            executor = dataclasses.replace(executor, max_beam_width=widest)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
+    warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16),
+                         encoder_tokens=min(t.encoder_tokens, opts.max_seq_len // 2))
+            for t in trace.requests[: opts.warmup]]
+    return Plan(opts, trace, model_cfg, model, executor, sim_info, defaults, warm)
 
 
 def make_trace(opts: RunOptions) -> Trace:

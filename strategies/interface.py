@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, ClassVar, Protocol
 import numpy as np
 
 from strategies.config import ExecutorConfig
+from strategies.runtime.buffers.family import MAX_STOP_IDS
 from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.clock import Clock
-from strategies.runtime.engine import MAX_STOP_IDS
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import beam_blocks
 from strategies.runtime.models.config import ModelConfig

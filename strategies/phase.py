@@ -2,8 +2,8 @@
 NVTX range, as ``with strategy._phase(rec, "schedule"):``.
 
 A class with ``__enter__``/``__exit__`` rather than a generator under ``contextlib.contextmanager``: that
-machinery (a generator and a context-manager object a phase, two resumptions) cost ~2 us a phase, three
-phases a step, part of it inside the host time a phase measures (issue 27). One object serves every phase
+machinery (a generator and a context-manager object a phase, two resumptions) is paid three times a step,
+part of it inside the host time a phase measures (docs/host-path.md). One object serves every phase
 of its strategy, in turn: phases never nest (the NVTX rule: one range per phase, never stacked twice).
 """
 

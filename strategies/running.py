@@ -1,9 +1,9 @@
 """A strategy's running requests, in admission order, with their slots in an array beside them.
 
 The scheduler picks a step's decode rows by array operations over the running requests' slots
-(``scheduler._decode_rows``). Reading ``r.slot`` from each of ~250 requests every step took ~30 us of the 70B
-run's ~340 us host step (issue 27): by then the requests' objects are out of the core's caches. The list
-writes a request's slot beside it when it is appended instead. A request takes no other slot while it is in
+(``scheduler._decode_rows``). Reading ``r.slot`` from each of a few hundred requests every step is slow — by
+then the requests' objects are out of the core's caches (docs/host-path.md) — so the list writes a request's
+slot beside it when it is appended instead. A request takes no other slot while it is in
 the list: a new one only after it was removed (preempted, or handed off by a prefill worker), appended again.
 
 Only ``append``, ``remove`` (or ``discard``) and ``clear`` change it (the strategies use nothing else); every
@@ -42,7 +42,7 @@ class RunningRequests(list):
     def discard(self, r: Request) -> None:
         """Remove ``r`` if it is here: one scan, where a membership test and then ``remove`` take two. By
         ``operator.indexOf``: a miss of ``list.index`` formats the request's repr, prompt array and all, into
-        its error message (milliseconds at a few hundred prompt tokens; a release misses once a finish)."""
+        its error message (a release misses once a finish)."""
         try:
             i = operator.indexOf(self, r)
         except ValueError:

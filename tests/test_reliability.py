@@ -156,12 +156,13 @@ def test_a_run_keeps_the_collector_off_what_existed_before_it_only_while_it_runs
     import gc
 
     import harness.app as app
+    import harness.measure as measure
     from harness.options import RunOptions
 
     before = [object()]  # a container the collector tracks, made before the run
     seen: list[bool] = []
     collecting: list[bool] = []  # while each strategy's files are written
-    real, real_write = app.run_strategy, app.write_strategy
+    real, real_write = measure.run_strategy, measure.write_strategy
 
     def spy(*args, **kwargs):
         seen.append(any(o is before for o in gc.get_objects()))
@@ -174,8 +175,8 @@ def test_a_run_keeps_the_collector_off_what_existed_before_it_only_while_it_runs
     def report_spy(*args, **kwargs):
         collecting.append(gc.isenabled())
 
-    monkeypatch.setattr(app, "run_strategy", spy)
-    monkeypatch.setattr(app, "write_strategy", write_spy)
+    monkeypatch.setattr(measure, "run_strategy", spy)
+    monkeypatch.setattr(measure, "write_strategy", write_spy)
     monkeypatch.setattr("reports.html.write_report", report_spy)
     opts = RunOptions(device="sim", model_spec="llama-3-8b", num_prompts=8, strategies=("inflight", "static"))
     outcome = app.execute(opts, tmp_path / "run", progress=False, report=True, fault=fault, log=lambda _: None)

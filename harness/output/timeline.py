@@ -34,7 +34,7 @@ def chrome_trace(iterations: pd.DataFrame, strategy: str, pid: int = 1) -> dict:
     events += [{"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": f"device {w}"}}
                for w, tid in lanes.items()]
     # Columns as lists, read by row index: a namedtuple per row and getattr per phase took most of the time
-    # (0.27 s for the 70B run's 10,414 iterations). A phase no row ran (draft, encode) is left out whole.
+    # (docs/host-path.md). A phase no row ran (draft, encode) is left out whole.
     lanes_of_phases = []  # (phase, category, lane, ts, dur): NaN where the row did not run the phase
     for phases, tid in ((HOST_PHASES, HOST_TID), (DEVICE_PHASES, DEVICE_TID)):
         for phase in phases:
@@ -85,7 +85,7 @@ def microseconds(seconds: np.ndarray) -> list[float]:
     ``rint(x * 1000) / 1000`` is the same double wherever the product ``x * 1000`` is further from a half than
     its rounding error (half a spacing of doubles there): the integer is then the same, and the division is
     correctly rounded. Python rounds the few others (all of them past 2^52 / 1000 us, 52 days, where the
-    spacing reaches 1). (The 70B run's 104,000 ``round`` calls took ~0.1 s.)"""
+    spacing reaches 1). (A ``round`` call per event is slow at 10^5 events: docs/host-path.md.)"""
     x = seconds * 1e6  # [I]
     scaled = x * 1000  # [I]
     out = (np.rint(scaled) / 1000).tolist()

@@ -10,10 +10,8 @@ counts encoder tokens against the step's budget and cross blocks against their o
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
-from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.device.stream import DeviceStream, DeviceWork
 from strategies.runtime.engine import Engine
@@ -32,12 +30,6 @@ class EncoderDecoderEngine(Engine):
     def kv_bytes(self) -> int:
         return super().kv_bytes + self.cross.nbytes
 
-    def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
-                cross_table: np.ndarray | None = None) -> None:
-        super().prepare(batch, bufs, block_table)
-        assert bufs.encoder is not None and cross_table is not None
-        bufs.encoder.fill_step(batch, cross_table)
-
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         pieces = [("forward", self._forward, (iteration, bufs)), ("sample", self._sample, (bufs,))]
         if bufs.encoder is not None and bufs.encoder.num_tokens:
@@ -53,8 +45,7 @@ class EncoderDecoderEngine(Engine):
 
     def _step_model(self, bufs: BufferSet) -> None:
         rb, enc = bufs.runtime, bufs.encoder
-        assert enc is not None
-        enc.upload_cross()
+        assert enc is not None  # (its cross-attention inputs were uploaded with every family's, in the forward)
         self.model.step(rb.tokens.dev[:rb.num_tokens], rb.device_block_table(), rb.ctx_starts, rb.ctx_lens,
                         rb.ctx_pos0, rb.num_ctx_tokens, rb.gen_kmax, self.tokens_per_block,
                         rb.rows.dev[:rb.num_samples], self.state.last_token_rows, self._k, self._v, rb.logits,

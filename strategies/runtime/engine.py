@@ -14,12 +14,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.buffers.buffer_set import BufferSet
-from strategies.runtime.buffers.draft_tokens import DraftTokens
-from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
+from strategies.runtime.buffers.buffer_set import BufferSet, build_buffer_sets
+from strategies.runtime.buffers.family import MAX_STOP_IDS, EngineSizes, StepFill
 from strategies.runtime.buffers.mirrored import Mirrored
-from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
-from strategies.runtime.buffers.step_io import StepIO
 from strategies.runtime.device.stream import DeviceStream, DeviceWork
 from strategies.runtime.kv_transfer.staging import KVStaging
 from strategies.runtime.models.config import ModelConfig
@@ -31,7 +28,6 @@ if TYPE_CHECKING:
     from strategies.runtime.decoder.state import DecoderState
     from strategies.runtime.kv.pool import KVCachePool
 
-MAX_STOP_IDS = 8  # EOS plus up to seven per-request stop ids
 
 
 class Engine:
@@ -57,22 +53,10 @@ class Engine:
         self._final_tokens = Mirrored(memory, (num_slots, kb, g), "int64")
         self._final_lens = Mirrored(memory, (num_slots, kb), "int64")
         self._final_scores = Mirrored(memory, (num_slots, kb), "float32")
-        slot_modes = np.zeros((num_slots, 2), dtype=bool)  # [S, 2] shared by the sets (StepIO.slot_modes)
-        self.buffer_sets = [
-            BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block, cfg.vocab_size, memory,
-                                        max_drafts),
-                      StepIO(max_batch, MAX_STOP_IDS, memory, slot_modes))
-            for i in range(num_buffer_sets)
-        ]
-        if max_drafts:  # speculative decoding: each set's verifying rows (buffers/draft_tokens.py)
-            for bufs in self.buffer_sets:
-                bufs.drafts = DraftTokens(max_batch, max_drafts, memory)
-        # Encoder–decoder models: each set's encoder input and cross-attention rows (buffers/encoder_buffers.py),
-        # which the host fills on every device, the simulated one included
-        if cfg.is_encoder_decoder:
-            for bufs in self.buffer_sets:
-                bufs.encoder = EncoderBuffers(max_tokens, max_batch, max_seq_len, cfg.hidden_size, cfg.dtype,
-                                              tokens_per_block, memory)
+        # Every registered buffer family, in each set (buffers/buffer_set.py: FAMILIES)
+        self.buffer_sets = build_buffer_sets(cfg, EngineSizes(num_slots, max_seq_len, max_tokens, max_batch,
+                                                              num_buffer_sets, num_blocks, tokens_per_block, max_beam,
+                                                              max_drafts, kv_staging_blocks), memory)
         # Disaggregated serving: the bounded buffer this engine's KV blocks leave or arrive through
         self.kv_staging = (KVStaging(cfg, kv_staging_blocks, tokens_per_block, memory) if kv_staging_blocks
                            else None)
@@ -96,12 +80,7 @@ class Engine:
                 cross_table: np.ndarray | None = None) -> None:
         """Host side: write the batch into the set's staging buffers (``block_table [S, Kb, MB]``: per
         slot and beam; ``cross_table [S, MB]``: encoder–decoder models' cross-attention blocks)."""
-        order = batch.sampled_requests
-        bufs.runtime.fill(batch, block_table, order)
-        bufs.step.fill(order, batch.admitted, self.cfg.eos_token_id, batch.gen_slots)
-        if bufs.drafts is not None:
-            bufs.drafts.fill(batch.verify, bufs.step.slot_modes)
-        bufs.work = batch.work()
+        bufs.fill_step(StepFill(batch, batch.sampled_requests, block_table, cross_table, self.cfg.eos_token_id))
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         """Enqueue forward and sample for ``bufs``; returns at once."""
@@ -163,12 +142,8 @@ class Engine:
 
     def _forward(self, iteration: int, bufs: BufferSet) -> None:
         self._check_fault(iteration)
-        rb, io = bufs.runtime, bufs.step
-        d = bufs.drafts
-        rb.upload()
-        io.upload()
-        if d is not None:
-            d.upload()
+        rb, io, d = bufs.runtime, bufs.step, bufs.drafts
+        bufs.upload()
         if io.num_admit:
             a = io.admit.dev[:io.num_admit]
             self.state.admit(a[:, 0], a[:, 1:], io.admit_f.dev[:io.num_admit])
@@ -205,5 +180,4 @@ class Engine:
             k1 = d.k + 1
             self.state.accept(rb.logits[row:row + d.num_rows * k1], d.slots.dev[:d.num_rows], d.drafts.dev[:d.num_rows],
                               d.num_drafts.dev[:d.num_rows], d.out.dev[:d.num_rows], d.use_filters, d.any_random)
-            d.download()
-        io.download()
+        bufs.download()

@@ -7,8 +7,7 @@ admission and takes them back when it lets the slot go (``request.py``; this mod
 vLLM v1's ``InputBatch`` (``token_ids_cpu``, ``num_computed_tokens_cpu`` per request row) and TensorRT-LLM's
 decoder state keep request progress the same way, so that the host's per-step work — the scheduler's
 decode rows, the postprocess's token hand-out — is done over the book, as a few array operations over the
-running slots at large batches, instead of request by request (issue 27: at batch ~250 those loops were
-most of a simulated step's host time).
+running slots at large batches, instead of request by request (docs/host-path.md has what that saves).
 """
 
 from __future__ import annotations
@@ -19,9 +18,7 @@ from strategies.runtime.decoder.finish import CONTINUE
 
 MIN_COLUMNS = 64  # first width of the token rows; they double as longer requests arrive
 # From this many rows a step's hand-out and decode choice are array operations over them; below, row by row is
-# faster: an array operation costs ~1 us however short its array (measured warm, arrays / row by row, us: the
-# decode choice 29 / 7 at 2 rows, 20 / 15 at 16, 22 / 29 at 32, 45 / 197 at 250; the hand-out 20 / 4, 13 / 11,
-# 15 / 22, 23 / 163)
+# faster, as an array operation has a fixed cost however short its array (the crossing measured: docs/host-path.md)
 MIN_ARRAY_ROWS = 24
 # Columns of ``counters``: tokens whose KV is written or launched; tokens to prefill on this admission; samples
 # scheduled (received or still on the device: in flight = SCHEDULED - OUTPUTS, so a token handed out moves one

@@ -12,15 +12,22 @@ its decoder's input and output buffers, vLLM in ``SpecDecodeMetadata``).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from strategies.runtime.batch import VerifyStep
+from strategies.runtime.buffers.family import EngineSizes, StepFill
 from strategies.runtime.buffers.mirrored import Memory, Mirrored
-from strategies.runtime.buffers.step_io import modes_in_use
+from strategies.runtime.buffers.step_io import modes_in_use, shared_slot_modes
 from strategies.runtime.request import Request
+
+if TYPE_CHECKING:
+    from strategies.runtime.models.config import ModelConfig
 
 
 class DraftTokens:
+    name = "drafts"  # a buffer family (buffers/family.py)
     HOST_STATE = ("num_rows", "use_filters", "any_random")  # as RuntimeBuffers'
 
     def __init__(self, max_batch: int, max_drafts: int, memory: Memory) -> None:
@@ -35,6 +42,18 @@ class DraftTokens:
         self.num_rows = 0
         self.use_filters = False  # some row uses top-k/top-p/min-p (StepIO's flags, for these rows)
         self.any_random = False  # some row samples at random
+        self.slot_modes = np.zeros((0, 2), dtype=bool)  # [S, 2] the decoder step I/O's (``build`` shares them)
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, sizes: EngineSizes, memory: Memory, shared: dict) -> DraftTokens | None:
+        if not sizes.max_drafts:  # no speculative decoding
+            return None
+        d = cls(sizes.max_batch, sizes.max_drafts, memory)
+        d.slot_modes = shared_slot_modes(sizes, shared)
+        return d
+
+    def fill_step(self, f: StepFill) -> None:
+        self.fill(f.batch.verify, self.slot_modes)
 
     def fill(self, steps: list[VerifyStep], slot_modes: np.ndarray) -> None:
         """``slot_modes [S, 2]``: StepIO's per-slot (uses filters, samples at random), set at admission."""

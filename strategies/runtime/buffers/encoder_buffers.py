@@ -19,15 +19,19 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.buffers.family import EngineSizes, StepFill
 from strategies.runtime.buffers.mirrored import Memory, Mirrored
 
 if TYPE_CHECKING:
     import torch
 
+    from strategies.runtime.models.config import ModelConfig
+
 ID, POSITION = range(2)  # columns of ``tokens``
 
 
 class EncoderBuffers:
+    name = "encoder"  # a buffer family (buffers/family.py)
     HOST_STATE = ("starts", "lens", "cross_lens", "num_tokens", "num_fill", "table_shape")  # as RuntimeBuffers'
 
     def __init__(self, max_tokens: int, max_rows: int, max_len: int, hidden: int, dtype: str,
@@ -50,7 +54,18 @@ class EncoderBuffers:
         self.num_tokens = self.num_fill = 0
         self.table_shape = (0, 0)
 
-    def fill_step(self, batch: ScheduledBatch, cross_table: np.ndarray) -> None:
+    @classmethod
+    def build(cls, cfg: ModelConfig, sizes: EngineSizes, memory: Memory, shared: dict) -> EncoderBuffers | None:
+        if not cfg.is_encoder_decoder:  # (filled on every device, the simulated one included)
+            return None
+        return cls(sizes.max_tokens, sizes.max_batch, sizes.max_seq_len, cfg.hidden_size, cfg.dtype,
+                   sizes.tokens_per_block, memory)
+
+    def fill_step(self, f: StepFill) -> None:
+        assert f.cross_table is not None, "an encoder–decoder step has a cross-attention block table"
+        self.fill_encoder(f.batch, f.cross_table)
+
+    def fill_encoder(self, batch: ScheduledBatch, cross_table: np.ndarray) -> None:
         """Encoder inputs of ``batch.admitted``; cross inputs for every request row of the step."""
         tok, fill, tpb = self.tokens.np, self.fill.np, self.tokens_per_block
         self.starts, self.lens = [], []
@@ -75,12 +90,17 @@ class EncoderBuffers:
         self.cross_table.np[:len(reqs) * width].reshape(len(reqs), width)[:] = cross_table[slots, :width]
 
     def upload_encoder(self) -> None:
+        """In the ``encode`` piece, which runs before the forward."""
         self.tokens.upload(self.num_tokens)
 
-    def upload_cross(self) -> None:
+    def upload(self) -> None:
+        """In the forward: the decoder's cross-attention inputs."""
         self.fill.upload(self.num_fill)
         self.cross_table.upload(self.table_shape[0] * self.table_shape[1])
         self.cross_len.upload(len(self.cross_lens))
+
+    def download(self) -> None:
+        """Nothing comes back: the encoder output stays on the device."""
 
     def device_cross_table(self) -> torch.Tensor:
         r, w = self.table_shape

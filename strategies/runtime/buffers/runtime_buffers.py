@@ -15,16 +15,20 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.buffers.family import EngineSizes, StepFill
 from strategies.runtime.buffers.mirrored import Memory, Mirrored
 from strategies.runtime.request import Request
 
 if TYPE_CHECKING:
     import torch
 
+    from strategies.runtime.models.config import ModelConfig
+
 ID, POSITION, SLOT, PAGE = range(4)  # columns of ``tokens``
 
 
 class RuntimeBuffers:
+    name = "runtime"  # a buffer family (buffers/family.py)
     # What a step's device pieces read besides the tensors: host ints set by ``fill`` (a device in another
     # process receives them with each step: buffers/buffer_set.py)
     HOST_STATE = ("ctx_starts", "ctx_lens", "ctx_pos0", "num_tokens", "num_ctx_tokens", "num_samples", "gen_kmax",
@@ -53,6 +57,14 @@ class RuntimeBuffers:
         self.num_samples = 0
         self.gen_kmax = 0
         self.table_shape = (0, 0)
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, sizes: EngineSizes, memory: Memory, shared: dict) -> RuntimeBuffers:
+        return cls(sizes.max_tokens, sizes.max_batch, sizes.max_seq_len, sizes.tokens_per_block, cfg.vocab_size, memory,
+                   sizes.max_drafts)
+
+    def fill_step(self, f: StepFill) -> None:
+        self.fill(f.batch, f.block_table, f.order)
 
     def fill(self, batch: ScheduledBatch, tables: np.ndarray, order: list[Request]) -> None:
         """Write the batch into the host side. ``tables [S, Kb, MB]``: the block manager's block tables
@@ -178,6 +190,9 @@ class RuntimeBuffers:
         self.tokens.upload(self.num_tokens)
         self.rows.upload(self.num_samples)
         self.block_table.upload(self.table_shape[0] * self.table_shape[1])
+
+    def download(self) -> None:
+        """Nothing comes back: the logits stay on the device, for the sampler."""
 
     def device_block_table(self) -> torch.Tensor:
         r, w = self.table_shape

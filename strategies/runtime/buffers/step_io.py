@@ -10,10 +10,16 @@ one iteration only, beside the persistent decoder state; a strategy may hold sev
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
+from strategies.runtime.buffers.family import MAX_STOP_IDS, EngineSizes, StepFill
 from strategies.runtime.buffers.mirrored import Memory, Mirrored
 from strategies.runtime.request import Request
+
+if TYPE_CHECKING:
+    from strategies.runtime.models.config import ModelConfig
 
 ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, early_stopping, prompt_len; stop ids
 
@@ -21,18 +27,24 @@ ADMIT_INTS = 7  # slot, tokens generated so far, max new tokens, seed, top_k, ea
 def modes_in_use(slot_modes: np.ndarray, slots: np.ndarray) -> tuple[bool, bool]:
     """(some row uses top-k/top-p/min-p, some row samples at random) over the rows' ``slots [R]``, from
     ``slot_modes [S, 2]``: a slot's two flags read as one little-endian 16-bit word (filters the low byte) and
-    OR-ed over the rows — 2-3 us a step, where ``any(axis=0)`` took 6 at 32 rows and 10 at 235."""
+    OR-ed over the rows: a few array operations, where ``any(axis=0)`` costs more (docs/host-path.md)."""
     word = int(np.bitwise_or.reduce(slot_modes.view("<u2")[slots, 0]))  # [S, 2] bool viewed [S, 1]; 0 for no rows
     return bool(word & 0xFF), bool(word >> 8)
 
 
+def shared_slot_modes(sizes: EngineSizes, shared: dict) -> np.ndarray:
+    """[S, 2] per slot: its request uses filters, samples at random — one array for all of an engine's sets."""
+    return shared.setdefault("slot_modes", np.zeros((sizes.num_slots, 2), dtype=bool))
+
+
 class StepIO:
+    name = "step"  # a buffer family (buffers/family.py)
     HOST_STATE = ("num_rows", "num_admit", "num_single", "groups", "use_filters", "any_random")  # as RuntimeBuffers'
 
     def __init__(self, max_batch: int, max_stop_ids: int, memory: Memory, slot_modes: np.ndarray) -> None:
         self.max_stop_ids = max_stop_ids
         # [S, 2] per slot: its request uses top-k/p/min-p filters, samples at random. Set at admission, read
-        # per step by ``modes_in_use`` (an any() over ~250 requests cost the host ~15 us a step). Shared by an
+        # per step by ``modes_in_use`` (not an any() over the requests' objects). Shared by an
         # engine's buffer sets: a slot's flags change only when a new request takes it, which no set still
         # being prepared can hold a row of.
         self.slot_modes = slot_modes
@@ -53,6 +65,13 @@ class StepIO:
         self.groups: list[tuple[int, int, int, int, int]] = []
         self.use_filters = False
         self.any_random = False
+
+    @classmethod
+    def build(cls, cfg: ModelConfig, sizes: EngineSizes, memory: Memory, shared: dict) -> StepIO:
+        return cls(sizes.max_batch, MAX_STOP_IDS, memory, shared_slot_modes(sizes, shared))
+
+    def fill_step(self, f: StepFill) -> None:
+        self.fill(f.order, f.batch.admitted, f.eos_token_id, f.batch.gen_slots)
 
     def fill(self, order: list[Request], admitted: list[Request], eos_token_id: int,
              gen_slots: np.ndarray | None = None) -> None:

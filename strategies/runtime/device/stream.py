@@ -50,7 +50,7 @@ class DeviceWork:
     iteration: int
     times: dict[str, tuple[float, float]] = field(default_factory=dict)
     error: BaseException | None = None  # the stream's failure, raised by wait()
-    # Held until the work is done. A bare lock wakes a waiting host in ~24 us here, an Event in ~37 us:
+    # Held until the work is done. A bare lock wakes a waiting host sooner than an Event (docs/host-path.md):
     # on CPU that wake-up sits between two device steps, so it is device idle time.
     _pending: threading.Lock = field(default_factory=threading.Lock)
     _events: list = field(default_factory=list)  # CUDA: (name, start event, end event); pipeline: receives

@@ -1,9 +1,8 @@
 """The KV cache's never-cached free blocks, oldest first: a FIFO of block ids in a ring array.
 
 An admission takes its ~32 blocks and a finish gives back its ~48 at once, so the queue moves whole runs
-of ids with a slice or two instead of one ``deque`` call per block (issue 27: the 70B run's allocation
-and release spent ~17 us a request in those loops). The order is a deque's: ``take`` hands out the
-oldest ids, ``put`` queues ids behind the rest in the order given.
+of ids with a slice or two instead of one ``deque`` call per block (docs/host-path.md). The order is a
+deque's: ``take`` hands out the oldest ids, ``put`` queues ids behind the rest in the order given.
 """
 
 from __future__ import annotations

@@ -19,14 +19,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.buffer_set import BufferSet, build_buffer_sets
+from strategies.runtime.buffers.family import MAX_STOP_IDS, EngineSizes, StepFill
 from strategies.runtime.buffers.memory import DeviceMemory
-from strategies.runtime.buffers.runtime_buffers import ID, RuntimeBuffers
-from strategies.runtime.buffers.step_io import StepIO
+from strategies.runtime.buffers.runtime_buffers import ID
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceStream, DeviceWork
-from strategies.runtime.engine import MAX_STOP_IDS
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.pipeline import messages as m
 from strategies.runtime.pipeline import stage_worker
@@ -74,11 +73,11 @@ class PipelineEngine:
             raise ValueError(f"--pp {stages}: the model has only {cfg.num_hidden_layers} layers")
         self.cfg, self.stages, self.tokens_per_block, self.timeout_s = cfg, stages, tokens_per_block, timeout_s
         self.memory = DeviceMemory(torch.device("cpu"), split=False)  # the host's buffers; stages hold the rest
-        slot_modes = np.zeros((num_slots, 2), dtype=bool)  # [S, 2] shared by the sets (StepIO.slot_modes)
-        self.buffer_sets = [BufferSet(i, RuntimeBuffers(max_tokens, max_batch, max_seq_len, tokens_per_block,
-                                                        cfg.vocab_size, self.memory),
-                                      StepIO(max_batch, MAX_STOP_IDS, self.memory, slot_modes))
-                            for i in range(num_buffer_sets)]
+        # the families a decoder-only model without speculation keeps (runtime buffers, step I/O); stages hold the
+        # device halves of their own (stage_worker.py)
+        set_sizes = EngineSizes(num_slots, max_seq_len, max_tokens, max_batch, num_buffer_sets, num_blocks,
+                                tokens_per_block)
+        self.buffer_sets = build_buffer_sets(cfg, set_sizes, self.memory)
         n_ints = m.max_ints(max_tokens, max_batch, -(-max_seq_len // tokens_per_block), MAX_STOP_IDS)
         self._send = [(torch.zeros(m.HEADER, dtype=torch.int64), torch.zeros(n_ints, dtype=torch.int64),
                        torch.zeros(max_batch * 4)) for _ in range(num_buffer_sets)]
@@ -116,14 +115,11 @@ class PipelineEngine:
 
     def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
                 cross_table: np.ndarray | None = None) -> None:
-        order = batch.sampled_requests
-        rb, io = bufs.runtime, bufs.step
-        rb.fill(batch, block_table, order)
-        io.fill(order, batch.admitted, self.cfg.eos_token_id)
+        bufs.fill_step(StepFill(batch, batch.sampled_requests, block_table, None, self.cfg.eos_token_id))
+        rb = bufs.runtime
         if batch.gen_requests:  # a request is in one micro-batch at a time: the host knows its input token
             ids = np.fromiter((r.token_ids[-1] for r in batch.gen_requests), np.int64, len(batch.gen_requests))
             rb.tokens.np[rb.num_ctx_tokens:rb.num_tokens, ID] = ids
-        bufs.work = batch.work()
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         self.stream.check_ready()

@@ -19,10 +19,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from strategies.runtime.buffers.family import MAX_STOP_IDS
 from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.buffers.step_io import ADMIT_INTS
 from strategies.runtime.decoder.state import DecoderState
-from strategies.runtime.engine import MAX_STOP_IDS
 from strategies.runtime.kv.pool import KVCachePool
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.models.llama import script_model

@@ -8,10 +8,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.runtime.batch import BatchWork, ScheduledBatch
+from strategies.runtime.batch import BatchWork
 from strategies.runtime.buffers.buffer_set import BufferSet
+from strategies.runtime.buffers.family import MAX_STOP_IDS
 from strategies.runtime.device.stream import DeviceWork
-from strategies.runtime.engine import MAX_STOP_IDS, Engine
+from strategies.runtime.engine import Engine
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request
 from strategies.runtime.sim.cost import CostModel
@@ -57,10 +58,7 @@ class SimEngine(Engine):
     def _forward(self, iteration: int, bufs: BufferSet) -> None:
         self._check_fault(iteration)
         io = bufs.step
-        bufs.runtime.upload()  # as on a device (the simulated device's memory is the host's: no copies)
-        io.upload()
-        if bufs.drafts is not None:
-            bufs.drafts.upload()
+        bufs.upload()  # as on a device (the simulated device's memory is the host's: no copies)
         if io.num_admit:  # the simulated device's memory is the host's: its buffers' numpy views are its own
             self.state.admit(io.admit.np[:io.num_admit])
 
@@ -71,8 +69,7 @@ class SimEngine(Engine):
         if d is not None and d.num_rows:
             self.state.accept(d.slots.np[:d.num_rows], d.num_drafts.np[:d.num_rows], self.acceptance_rate,
                               d.out.np[:d.num_rows])
-            d.download()
-        io.download()
+        bufs.download()
 
     def _draft_s(self, bufs: BufferSet) -> float:
         """A draft model's passes before the verifying forward (in the forward piece's time), as the draft
@@ -102,12 +99,6 @@ class SimEngine(Engine):
     def read_beams(self, iteration: int, requests: list[Request]) -> list[list[tuple[list[int], float]]]:
         """No beams were searched: each returned sequence is the one token per step the device wrote."""
         return [[(r.output_token_ids, 0.0)] * r.sampling.num_return_sequences for r in requests]
-
-    def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
-                cross_table: np.ndarray | None = None) -> None:
-        super().prepare(batch, bufs, block_table)
-        if bufs.encoder is not None and cross_table is not None:
-            bufs.encoder.fill_step(batch, cross_table)
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
         if self.stages > 1:  # pipeline parallelism: the stream times each stage
