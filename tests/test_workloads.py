@@ -195,3 +195,26 @@ def test_a_failed_request_is_in_flight_until_its_failure(tmp_path):
     assert s["output_tokens"].sum() == finished_tokens
     summary = json.loads((out / "summary.json").read_text())[0]
     assert summary["output_throughput"] == pytest.approx(finished_tokens / summary["duration_s"], rel=1e-9)
+
+
+def test_vllm_result_peaks_follow_vllms_per_second_buckets():
+    """``max_output_tokens_per_s`` and ``max_concurrent_requests`` as vllm/benchmarks/serve.py computes them,
+    worked by hand. t0 = 0.25 (the first finished request's start); buckets of one second from there.
+    A: 0.25 → 1.0, chunks at 0.5, 0.75 (three tokens handed out together: one chunk), 1.0 — all in bucket 0.
+    B: 1.125 → 1.75, chunks at 1.5 and 1.75: bucket 1. C failed: not counted.
+    Tokens: bucket 0 has 3 chunk times (not 5 tokens). Requests: A is active in bucket 0, B in buckets 0 and 1,
+    so bucket 0 counts 2, though A ends before B starts (the instantaneous peak, what was written before, is 1)."""
+    from harness.output.vllm_bench import vllm_result
+    from reports.token_times import TokenTimes
+
+    requests = pd.DataFrame({"request_id": ["a", "b", "c"], "status": ["finished", "finished", "failed"],
+                             "arrival_s": [0.25, 1.125, 0.0], "first_token_s": [0.5, 1.5, np.nan],
+                             "finish_s": [1.0, 1.75, np.nan], "input_tokens": [8, 8, 8], "output_tokens": [5, 2, 0],
+                             "finish_reason": ["length", "length", "engine fault"]})
+    times = TokenTimes.of({"a": [0.5, 0.75, 0.75, 0.75, 1.0], "b": [1.5, 1.75]}, ["a", "b", "c"])
+    row = {"duration_s": 1.75, "total_input_tokens": 16, "total_output_tokens": 7, "request_throughput": 1.0,
+           "output_throughput": 4.0, "total_token_throughput": 13.0}
+    res = vllm_result("inflight", "tiny", requests, times, row, {})
+    assert res["max_output_tokens_per_s"] == 3.0
+    assert res["max_concurrent_requests"] == 2
+    assert res["itls"][0] == pytest.approx([0.25, 0.25])  # one gap per chunk, as vLLM records them

@@ -61,7 +61,7 @@ def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: 
         "generated_texts": [""] * len(requests),  # slotbench has token ids, not text
         "errors": ["" if good else str(reason) for good, reason in zip(ok, requests["finish_reason"], strict=True)],
     })
-    out.update(_peaks(arrival[ok], finish[ok], token_times.tokens(ok)))
+    out.update(_peaks(arrival[ok], finish[ok], _chunk_times(token_times, ok)))
     for metric in LATENCY_METRICS:
         for stat in ("mean", "median", "std"):
             out[f"{stat}_{metric}_ms"] = summary_row.get(f"{stat}_{metric}_ms")
@@ -71,16 +71,32 @@ def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: 
     return out
 
 
-def _peaks(start: np.ndarray, end: np.ndarray, tokens: np.ndarray) -> dict:
-    """vLLM's ``max_output_tokens_per_s`` (the busiest one-second bucket of ``tokens``, the finished requests'
-    token times, from the first start) and ``max_concurrent_requests`` (a sweep over [start, end), ends first at
-    a tie)."""
+def _chunk_times(token_times: TokenTimes, rows: np.ndarray) -> np.ndarray:
+    """[C] the time of each streamed chunk of the requests where ``rows`` [R] is true: a request's first token,
+    then each token whose time differs from the one before it (tokens handed out together are one chunk, one
+    time, as a client sees them and vLLM rebuilds them from ``ttft`` and ``itls``)."""
+    times = token_times.tokens(rows)  # [N]
+    counts = token_times.counts[rows] if not rows.all() else token_times.counts  # [R']
+    keep = np.ones(len(times), dtype=bool)
+    keep[1:] = times[1:] != times[:-1]
+    keep[(np.cumsum(counts) - counts)[counts > 0]] = True  # each request's first token, whatever the one before
+    return times[keep]
+
+
+def _peaks(start: np.ndarray, end: np.ndarray, chunks: np.ndarray) -> dict:
+    """``max_output_tokens_per_s`` and ``max_concurrent_requests`` as ``vllm bench serve`` computes them
+    (vllm/benchmarks/serve.py, ``calculate_metrics``), over the finished requests: one-second buckets from the
+    first start to the last end; a bucket counts one token per streamed chunk time in it (``chunks``: its
+    ``ttft`` plus its ``itls``, so a chunk of several tokens counts once), and every request active at any moment
+    of that second (from the second of its start to the second of its end, both included). Each is the busiest
+    bucket's count, taken separately."""
     if len(start) == 0:
         return {"max_output_tokens_per_s": 0.0, "max_concurrent_requests": 0}
     t0 = float(start.min())
-    buckets = np.bincount(np.floor(tokens - t0).astype(int)) if len(tokens) else np.zeros(1)
-    times = np.concatenate((start, end))
-    steps = np.concatenate((np.ones(len(start), np.int64), -np.ones(len(end), np.int64)))
-    order = np.lexsort((steps, times))  # by time, an end (-1) before a start (+1) at a tie
-    peak = int(np.max(np.cumsum(steps[order])))
-    return {"max_output_tokens_per_s": float(buckets.max()), "max_concurrent_requests": peak}
+    n = math.ceil(float(end.max()) - t0) + 1  # buckets
+    second = (chunks - t0).astype(np.int64)  # [C] truncation, as int() does for these non-negative offsets
+    tokens = np.bincount(second[(second >= 0) & (second < n)], minlength=n)  # [n]
+    active = np.zeros(n + 1, dtype=np.int64)  # [n + 1] +1 at each request's first second, -1 after its last
+    np.add.at(active, (start - t0).astype(np.int64), 1)
+    np.add.at(active, (end - t0).astype(np.int64) + 1, -1)
+    return {"max_output_tokens_per_s": float(tokens.max()), "max_concurrent_requests": int(np.cumsum(active).max())}
