@@ -130,6 +130,8 @@ def kv_transfer_metrics(done: pd.DataFrame, percentiles: tuple[float, ...]) -> d
                       percentiles))
     out.update(_stats("kv_queue", ((moved["kv_transfer_start_s"] - moved["kv_ready_s"]) * 1e3).to_numpy(),
                       percentiles))
+    if "prefill_ttft_ms" in done:  # (a file written before the column existed has none)
+        out.update(_stats("prefill_ttft", done["prefill_ttft_ms"].dropna().to_numpy(), percentiles))
     return out
 
 

@@ -87,7 +87,8 @@ def test_tokens_equal_one_request_alone(kw):
     for r in requests:
         assert r.output_token_ids == reference_decode(model, TINY64, r), r.request_id
     moved = [r for r in requests if r.kv_transfer_bytes]
-    assert moved and all(r.kv_transfer_end_s >= r.kv_transfer_start_s >= r.first_token_s for r in moved)
+    assert moved and all(r.first_token_s >= r.kv_transfer_end_s >= r.kv_transfer_start_s >= r.prefill_first_token_s
+                         for r in moved)  # (a client behind a proxy gets its first token once the KV is there)
     assert all(r.num_output_tokens == 1 or r.kv_transfer_bytes for r in requests)  # all that decode moved
     assert {rec.worker for rec in s.records} >= {"prefill0", "decode0"}
     if kw.get("kv_blocks"):
@@ -220,7 +221,8 @@ def test_simulated_transfer_costs_what_the_link_says(tmp_path):
     its config.json): each transfer takes latency per 64 MiB chunk + bytes / (50 GB/s x 0.85), and never
     less than bytes / 50 GB/s; a 10x faster link shortens it, and the tokens equal inflight's."""
     args = ["--device", "sim", "--model-spec", "llama-3-8b", "--gpu", "h100", "--num-prompts", "40",
-            "--request-rate", "4", "--input-len", "2000", "--output-len", "32", "--warmup", "0", "--no-progress"]
+            "--request-rate", "4", "--input-len", "2000", "--output-len", "32", "--warmup", "0", "--no-progress",
+            "--serving-path", "none"]
     p = cli("run", *args, "--strategies", "inflight,disagg", "--out", str(tmp_path / "a"))
     assert p.returncode == 0, p.stderr
     req = pd.read_parquet(tmp_path / "a" / "disagg" / "requests.parquet")
@@ -244,6 +246,13 @@ def test_simulated_transfer_costs_what_the_link_says(tmp_path):
     waited = (req["kv_transfer_start_s"] - req["kv_ready_s"]) * 1e3
     assert (req["kv_ready_s"] >= req["admitted_s"]).all()
     assert (waited >= 0).all() and row["p99_kv_queue_ms"] == pytest.approx(np.percentile(waited, 99))
+    # Two first-token times (README, "Under disagg"): a client behind a proxy gets the first token only once the
+    # KV has landed and the decode worker has stepped (after kv_transfer_end_s); the prefill worker read it before
+    # its KV left (prefill_first_token_s <= kv_transfer_start_s, --serving-path none here: engine times)
+    assert (req["first_token_s"] > req["kv_transfer_end_s"]).all()
+    assert (req["prefill_first_token_s"] <= req["kv_transfer_start_s"]).all()
+    assert (req["prefill_ttft_ms"] < req["ttft_ms"]).all()
+    assert row["median_prefill_ttft_ms"] == pytest.approx(req["prefill_ttft_ms"].median())
 
 
 def test_one_run_compares_replicas_with_disagg_at_equal_gpus(tmp_path):

@@ -12,7 +12,9 @@
   strategy: when the prompt's KV was ready to leave the prefill worker (its handoff, engine time), left it and
   landed on the decode worker, and the bytes moved;
   NaN and 0 for a request that never moved); stage (the load stage it was sent in: a workload config's
-  stages, in order from 0; 0 without them).
+  stages, in order from 0; 0 without them); prefill_first_token_s, prefill_ttft_ms (disagg: the first token
+  as the prefill worker handed it out; ``first_token_s`` and ``ttft_ms`` are when a client behind a proxy gets
+  it, with the decode worker's first output, as vLLM's disaggregated proxy streams it; NaN otherwise).
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
 ``slots.parquet`` (one row per slot tenure: a request's hold on a slot from admission to release):
   request_id, slot, width (beams), start_iteration, decode_iteration (first step after the prefill; -1 if it
@@ -39,7 +41,8 @@ from strategies.runtime.request import Request
 REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
                    "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "ttft_ms", "tpot_ms",
                    "e2el_ms", "session_id", "turn", "admitted_s", "failed_s", "kv_ready_s", "kv_transfer_start_s",
-                   "kv_transfer_end_s", "kv_transfer_ms", "kv_transfer_bytes", "stage"]
+                   "kv_transfer_end_s", "kv_transfer_ms", "kv_transfer_bytes", "stage", "prefill_first_token_s",
+                   "prefill_ttft_ms"]
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
@@ -56,10 +59,12 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         kv_ready = r.kv_ready_s if r.kv_ready_s is not None else nan
         kv_start = r.kv_transfer_start_s if r.kv_transfer_start_s is not None else nan
         kv_end = r.kv_transfer_end_s if r.kv_transfer_end_s is not None else nan
+        prefill_first = r.prefill_first_token_s if r.prefill_first_token_s is not None else nan
         rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
                      r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
                      r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn, admitted, failed, kv_ready,
-                     kv_start, kv_end, (kv_end - kv_start) * 1e3, r.kv_transfer_bytes, r.stage))
+                     kv_start, kv_end, (kv_end - kv_start) * 1e3, r.kv_transfer_bytes, r.stage, prefill_first,
+                     (prefill_first - r.arrival_s) * 1e3))
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
                       "cached_tokens": "int64", "turn": "int64", "kv_transfer_bytes": "int64", "stage": "int64",

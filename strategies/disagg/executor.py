@@ -7,9 +7,11 @@ to the prefill workers; a prefill worker's step hands the requests whose first t
 transceiver's queue, and each time round the loop the transceiver advances its transfers and starts new
 ones (``transceiver.py``). On the simulated device a transfer's end is an event on the virtual clock.
 
-TTFT is when the prefill worker's host reads the first token (TensorRT-LLM's context server returns it);
-the KV transfer then falls between the first and the second token, inside TPOT. Requests on their way to a
-decode worker that died go to another one.
+Two first-token times: ``prefill_ttft`` is when the prefill worker's host reads the first token (TensorRT-LLM's
+context server returns it there); ``ttft`` is when a client behind a proxy gets it — vLLM's disaggregated
+proxy streams the decode instance's output, so the first token arrives with the decode worker's first output,
+after the KV transfer (``DecodeRole.stream_first_tokens``). Requests on their way to a decode worker that died
+go to another one.
 """
 
 from __future__ import annotations
@@ -99,6 +101,8 @@ class DisaggStrategy(Fleet):
             for r in w.role.hand_off():
                 r.kv_ready_s = now
                 self.transceiver.queue.append((r, w))
+        else:
+            w.role.stream_first_tokens()
 
     def _forget(self, w: Worker) -> list[Request]:
         return self.transceiver.drop(w)

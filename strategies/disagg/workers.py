@@ -76,6 +76,7 @@ class DecodeRole(ReplicaRole):
         super().__init__(index)
         self.receiving: dict[Request, int] = {}  # KV on its way: the slot preallocated for it
         self._arrived: list[Request] = []  # KV received, decoder-state row not reset yet
+        self._first_out: list[Request] = []  # KV received, its first token not yet streamed to the client
 
     def engine_sizes(self, model_cfg: ModelConfig, config: ExecutorConfig) -> dict[str, int]:
         return {"kv_staging_blocks": staging_blocks(model_cfg, config)}
@@ -105,6 +106,20 @@ class DecodeRole(ReplicaRole):
         w._admissions += 1
         w.running.append(r)
         self._arrived.append(r)
+        self._first_out.append(r)
+
+    def stream_first_tokens(self) -> None:
+        """After a step: a request's first output here (its second token) is when a client behind a proxy gets
+        its first token — vLLM's disaggregated proxy streams the decode instance's output, and the decode
+        instance's first step is this one (``Request.first_token_to_client``; the prefill worker's time is kept
+        as ``prefill_first_token_s``)."""
+        waiting = []
+        for r in self._first_out:
+            if r.num_output_tokens >= 2:
+                r.first_token_to_client(r.token_times_s[1])
+            elif not r.status.terminal:  # (failed here: it keeps the prefill worker's time)
+                waiting.append(r)
+        self._first_out = waiting
 
     def cancel(self, r: Request) -> None:
         """The transfer will not complete (its sender died): the preallocation goes back."""

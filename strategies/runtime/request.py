@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from strategies.runtime.progress import SlotProgress
 
 
-
 class Status(enum.Enum):
     WAITING = "waiting"  # visible to the executor, holds no slot
     RUNNING = "running"  # holds a slot and KV blocks
@@ -79,10 +78,11 @@ class Request:
     preemptions: int = 0
     admitted_seq: int = -1  # admission order: max-utilization preempts the most recent first
     admitted_s: float | None = None  # first admission (run clock): where its wait in the queue ended
-    # Disaggregated serving: when the prompt's KV left the prefill worker and landed on the decode worker
-    # (run clock), and the bytes moved (whole blocks)
     failed_s: float | None = None  # when a failure ended it (run clock); None: it did not fail
-    kv_ready_s: float | None = None  # its prompt's KV ready to leave the prefill worker (the handoff)
+    # Disaggregated serving (run clock): the prefill worker's first token (``first_token_to_client``), its KV ready
+    # to leave (the handoff), the transfer's start and landing, and the bytes moved (whole blocks)
+    prefill_first_token_s: float | None = None
+    kv_ready_s: float | None = None
     kv_transfer_start_s: float | None = None
     kv_transfer_end_s: float | None = None
     kv_transfer_bytes: int = 0
@@ -121,8 +121,7 @@ class Request:
             book.counters[self.slot, SCHEDULED] = book.counters.item(self.slot, OUTPUTS) + value
 
     @property
-    def num_output_tokens(self) -> int:
-        """Output tokens the host has received."""
+    def num_output_tokens(self) -> int:  # output tokens the host has received
         book = self._book
         return self._outputs if book is None else book.counters.item(self.slot, OUTPUTS)
 
@@ -157,8 +156,7 @@ class Request:
         self.prompt_len = len(prompt)
 
     def prepend_history(self, history: np.ndarray) -> None:
-        """Open the prompt with ``history`` (a session's earlier prompts and outputs); only before the
-        request is sent, since the prompt buffer is rebuilt."""
+        """Open the prompt with ``history`` (a session's earlier turns); only before it is sent (a new buffer)."""
         assert self.status is Status.WAITING and self.admitted_seq < 0 and not self.block_hashes
         if not len(self._tokens):  # never built (too long to serve): only the claimed length grows
             self.prompt_len += len(history)
@@ -224,6 +222,12 @@ class Request:
         times = self.token_times_s
         return times[-1] if self.status is Status.FINISHED and times else None
 
+    def first_token_to_client(self, at_s: float) -> None:
+        """Disagg: the first token reaches a client behind a proxy at ``at_s`` (the prefill's time is kept)."""
+        book = self._book
+        times = self._times if book is None else book.times[self.slot]
+        self.prefill_first_token_s, times[0] = float(times[0]), at_s
+
     def append_token(self, token: int, now_s: float) -> None:
         book = self._book
         if book is None:
@@ -239,8 +243,7 @@ class Request:
 
     def admit(self, slot: int, seq: int, cached_tokens: int = 0, now_s: float | None = None,
               book: SlotProgress | None = None) -> None:
-        """Take ``slot`` at ``now_s``; the first ``cached_tokens`` tokens' keys are already in cached blocks.
-        With ``book`` (the runtime's), the request's progress lives in the slot's row until it leaves."""
+        """Take ``slot`` at ``now_s``, ``cached_tokens`` keys in cached blocks; ``book``: progress in its row."""
         if self.admitted_seq < 0:
             self.cached_tokens = min(cached_tokens, self.prompt_len)
             self.admitted_s = now_s
@@ -276,9 +279,8 @@ class Request:
         self._book = None
 
     def preempt(self) -> None:
-        """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume. A beam
-        request starts over: its beams' histories lived only in the decoder state it gave up (the search
-        is deterministic, so it ends the same; its token times are those of the final attempt)."""
+        """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume. A beam request
+        starts over: its beams lived only in the decoder state it gave up (the search is deterministic)."""
         self.leave_slot()
         self.status = Status.WAITING
         self._computed = self.draft_computed = 0
