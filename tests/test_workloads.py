@@ -65,8 +65,28 @@ def test_slices_add_up_to_the_run(ramp_run):
         assert s["output_tokens"].sum() == sum(len(t) for t in tokens)
         assert s["completed"].sum() == (req["status"] == "finished").sum()
         assert len(s) == int(np.ceil(req["finish_s"].max() / 2)) and (np.diff(s["start_s"]) == 2).all()
-        ended = req["finish_s"].fillna(req["arrival_s"])
-        assert (s["requests_in_flight"] * 2).sum() == pytest.approx((ended - req["arrival_s"]).sum(), rel=1e-9)
+        # Little's law over the run: the windows' mean requests in flight times their length is the requests' total
+        # time in flight — a finished request's arrival to finish, a failed one's to its failure, a rejected one's 0
+        status = req["status"]
+        in_flight = ((req["finish_s"] - req["arrival_s"])[status == "finished"].sum()
+                     + (req["failed_s"] - req["arrival_s"])[status == "failed"].sum())
+        assert (s["requests_in_flight"] * 2).sum() == pytest.approx(in_flight, rel=1e-9)
+        # each window's latencies are those of the requests that finished in it ([start, end); the last one
+        # closed), by hand from the requests file
+        done = req[status == "finished"]
+        checked = 0
+        for _, w in s.iterrows():
+            last = w["slice"] == len(s) - 1
+            inw = done[(done["finish_s"] >= w["start_s"]) & ((done["finish_s"] < w["end_s"]) | last)]
+            assert w["completed"] == len(inw)
+            if len(inw) == 0:
+                assert np.isnan(w["mean_ttft_ms"])
+                continue
+            e2el = (inw["finish_s"] - inw["arrival_s"]) * 1e3
+            assert w["mean_ttft_ms"] == pytest.approx(((inw["first_token_s"] - inw["arrival_s"]) * 1e3).mean())
+            assert w["p90_e2el_ms"] == pytest.approx(np.percentile(e2el, 90))
+            checked += 1
+        assert checked >= 3
         late = s.iloc[len(s) // 2:]  # the ramp: the second half's windows serve more than the first's
         assert late["request_throughput"].mean() > 2 * s.iloc[:len(s) // 2]["request_throughput"].mean()
 
@@ -90,6 +110,18 @@ def test_vllm_result_file_holds_the_run_in_vllms_keys_and_units(ramp_run):
         assert res["mean_itl_ms"] == pytest.approx(itls.mean(), rel=1e-9)
         assert sum(res["output_lens"]) == res["total_output_tokens"]
         assert all(len(x) + 1 == n for x, n, good in zip(res["itls"], res["output_lens"], ok, strict=True) if good)
+        # the aggregates as vLLM's calculate_metrics makes them from these lists (vllm/benchmarks/serve.py):
+        # totals over the successful requests, per second of ``duration``; TPOT over requests of > 1 token
+        dur, lat = res["duration"], np.array(res["latencies"])[ok]
+        n_in = np.array(res["input_lens"])[ok].sum()
+        n_out = np.array(res["output_lens"])[ok]
+        assert res["total_input_tokens"] == n_in and res["total_output_tokens"] == n_out.sum()
+        assert res["request_throughput"] == pytest.approx(sum(ok) / dur, rel=1e-12)
+        assert res["output_throughput"] == pytest.approx(n_out.sum() / dur, rel=1e-12)
+        assert res["total_token_throughput"] == pytest.approx((n_in + n_out.sum()) / dur, rel=1e-12)
+        tpot = ((lat - ttfts / 1e3) / (n_out - 1))[n_out > 1] * 1e3
+        assert res["p99_tpot_ms"] == pytest.approx(np.percentile(tpot, 99), rel=1e-9)
+        assert res["mean_e2el_ms"] == pytest.approx(lat.mean() * 1e3, rel=1e-9)
 
 
 def _vllm_file(path):
