@@ -7,10 +7,10 @@ use are both derived from this table, so they cannot drift apart.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from harness.devices import check_device, check_devices
 from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
 from harness.traces import FORMATS, LENGTH_DISTS
@@ -124,6 +124,9 @@ class RunOptions:
     kv_link_gbps: float = _opt(LINKS_GBPS["ib-400g"], "disagg, sim: prefill-to-decode link per GPU in GB/s (H100 "
                                                       "NVLink 450, 400 Gb/s InfiniBand 50, 100 GbE 12.5)")
     kv_link_latency_us: float = _opt(10.0, "disagg, sim: link latency per staging-buffer chunk (us)")
+    devices: str | None = _opt(None, "a fleet's engines, one device each (comma-separated: cpu, or cuda:N "
+                                                 "with --device cuda): each replica, or disagg's prefill workers "
+                                                 "then its decode workers (default: every engine on --device)")
     beam_width: int = _opt(1, "beams per request: deterministic beam search, HF's semantics (1: off; a trace "
                               "line's beam_width overrides)")
     length_penalty: float = _opt(1.0, "beam search: a finished beam scores log-prob / generated length ** this")
@@ -157,21 +160,15 @@ class RunOptions:
         unknown = [s for s in self.strategies if s not in strategy_names()]
         if unknown:
             raise UserError(f"unknown strategy {unknown[0]!r}; valid: {', '.join(strategy_names())}")
-        if not re.fullmatch(r"cpu|sim|cuda(:\d+)?", self.device):
-            raise UserError(f"--device {self.device!r}: expected cpu, cuda[:N] or sim")
-        if self.device.startswith("cuda"):
-            import torch
-
-            if not torch.cuda.is_available():
-                raise UserError(f"--device {self.device}: CUDA is not available on this machine")
-        if "pipeline" in self.strategies and self.device.startswith("cuda"):
-            raise UserError("pipeline: the stage processes run on the CPU (gloo) or the simulated device here")
+        check_device(self.device, self.strategies)
         if self.num_replicas > 1 and set(self.strategies) - {"inflight", "disagg"}:  # disagg: its P and D workers
             raise UserError("--num-replicas: inflight runs several engines (disagg its --num-prefill-workers and "
                             "--num-decode-workers), other strategies one")
-        peers = [s for s in self.strategies if s.startswith("hf-")]
-        if peers and self.device != "cpu":
-            raise UserError(f"{peers[0]} runs transformers on the CPU only (--device {self.device})")
+        if self.devices:
+            engines = {"inflight": self.num_replicas} if "inflight" in self.strategies and self.num_replicas > 1 else {}
+            if "disagg" in self.strategies:
+                engines["disagg"] = self.num_prefill_workers + self.num_decode_workers
+            check_devices(self.device_list(), self.device, engines)
         for name in ("num_prompts", "input_len", "output_len", "num_prefixes"):
             if getattr(self, name) <= 0:
                 raise UserError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
@@ -268,6 +265,9 @@ class RunOptions:
             raise UserError(f"--profile-iters {self.profile_iters!r}: need 0 <= A <= B")
         return a, b
 
+    def device_list(self) -> tuple[str, ...] | None:
+        return tuple(d.strip() for d in self.devices.split(",") if d.strip()) if self.devices else None
+
     def sim_config(self) -> SimConfig | None:
         if self.device != "sim":
             return None
@@ -289,7 +289,7 @@ class RunOptions:
                 instrument=self.instrument,
                 max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
                 stage_timeout_s=self.stage_timeout, sim=self.sim_config(), speculative=self.speculative(),
-                num_replicas=self.num_replicas, router=self.router,
+                num_replicas=self.num_replicas, router=self.router, devices=self.device_list(),
                 disagg=DisaggConfig(self.num_prefill_workers, self.num_decode_workers, self.kv_transfer_buffer_mb,
                                     self.kv_link_gbps, self.kv_link_latency_us))
         except ValueError as exc:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from strategies.runtime.buffers.mirrored import MEMORY_MODES
 from strategies.runtime.device.factory import CPU_DEVICES
@@ -41,6 +41,7 @@ class ExecutorConfig:
     speculative: SpecConfig | None = None  # speculative decoding (--speculative-config), None: off
     num_replicas: int = 1  # inflight: engines behind a router, each with every limit above (strategies/fleet.py)
     router: str = "least-tokens"  # where a fleet sends an arrival: fewest tokens left to compute, or in turn
+    devices: tuple[str, ...] | None = None  # a fleet's engines, one device each (None: every engine on ``device``)
     disagg: DisaggConfig = field(default_factory=DisaggConfig)  # the disagg strategy: workers, staging, link
 
     def __post_init__(self) -> None:
@@ -86,6 +87,8 @@ class ExecutorConfig:
                              "acceptance_rate" if self.device == "sim" else
                              "--speculative-config acceptance_rate: only the simulated device forces acceptance "
                              "(a real one accepts what the target model agrees with)")
+        if self.devices is not None and self.device == "sim":
+            raise ValueError("--devices: the simulated device gives each engine GPUs of its own")
         if self.device == "sim" and self.device_memory == "split":
             raise ValueError("--device-memory split: the simulated device keeps no tensors of its own")
 
@@ -113,6 +116,10 @@ class ExecutorConfig:
     @property
     def total_cross_kv_blocks(self) -> int:
         return self.cross_kv_blocks if self.cross_kv_blocks is not None else self.total_kv_blocks
+
+    def on(self, engine: int) -> ExecutorConfig:
+        """This config for a fleet's ``engine``-th engine: on its own device where ``devices`` names one."""
+        return replace(self, device=self.devices[engine], devices=None) if self.devices else self
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -270,7 +270,7 @@ class Replicas(Fleet):
 
     def _build(self) -> None:
         for i in range(self.config.num_replicas):
-            self.workers.append(InflightStrategy(self.model_cfg, self.model, self.config, self.clock,
+            self.workers.append(InflightStrategy(self.model_cfg, self.model, self.config.on(i), self.clock,
                                                  role=ReplicaRole(i)))
 
     def inject_fault(self, iteration: int) -> None:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -320,6 +321,11 @@ def test_routers_send_arrivals_where_they_say(router):
     (["--strategies", "disagg", "--model", "tiny-bart", "--encoder-input-len", "8"], "run decoder-only models"),
     (["--strategies", "inflight", "--num-replicas", "2", "--router", "random"], "invalid choice: 'random'"),
     (["--strategies", "disagg", "--speculative-config", '{"method": "ngram"}'], "disagg does not speculate"),
+    (["--strategies", "disagg", "--num-decode-workers", "2", "--devices", "cpu,cpu"],
+     "--devices: disagg runs 3 engines, 2 devices given"),
+    (["--strategies", "inflight", "--devices", "cpu,cpu"], "--devices: only a fleet runs several engines"),
+    (["--strategies", "inflight", "--num-replicas", "2", "--devices", "cpu,cuda:0"],
+     "--devices 'cuda:0': expected cpu"),
 ])
 def test_bad_disagg_options_are_one_line_exit_2(tmp_path, args, message):
     p = cli("run", "--model", "tiny", "--num-prompts", "2", *args, "--out", str(tmp_path / "x"))
@@ -396,3 +402,52 @@ def test_records_timeline_and_report_show_each_engine(tmp_path):
     assert {"device prefill0", "device decode0"} <= lanes
     html = (out / "report.html").read_text()
     assert "disagg prefill0" in html and "disagg decode0" in html
+
+
+def test_devices_are_checked_against_the_machines_gpus(monkeypatch):
+    """--devices names a GPU per engine: refused in one line where the machine has fewer (a one-GPU machine,
+    stood in for by torch.cuda's answers), accepted where it has them; each engine's config then names its own
+    device, disagg's prefill workers first."""
+    import torch
+
+    from harness.errors import UserError
+    from harness.options import RunOptions
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    args = {"device": "cuda", "strategies": ("inflight", "disagg"), "num_replicas": 2, "devices": "cuda:0,cuda:1"}
+    with pytest.raises(UserError, match=r"--devices names cuda:1: this machine has 1 GPU$"):
+        RunOptions(**args)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cfg = RunOptions(**args).executor_config(256)
+    assert cfg.devices == ("cuda:0", "cuda:1")
+    assert [cfg.on(i).device for i in range(2)] == ["cuda:0", "cuda:1"] and cfg.on(1).devices is None
+
+
+def test_a_fleet_builds_each_engine_on_its_device(monkeypatch):
+    """Replicas and disagg's workers take their device from --devices in order — the replicas in turn; disagg's
+    prefill workers, then its decode workers — seen by recording the config each engine is built with."""
+    import strategies.disagg.executor as disagg
+    import strategies.fleet as fleet
+
+    built = []
+
+    class Engine:  # stands in for the in-flight strategy a worker is: records its config, builds nothing
+        def __init__(self, model_cfg, model, config, clock, role):
+            built.append((role.label, config.device, config.devices))
+            self.label, self.role, self.config = role.label, role, config
+            self.stream = self.slots = None
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(disagg, "InflightStrategy", Engine)
+    monkeypatch.setattr(fleet, "InflightStrategy", Engine)
+    devices = ("cuda:0", "cuda:1", "cuda:2")
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, max_num_tokens=32, devices=devices,
+                         disagg=DisaggConfig(num_prefill_workers=1, num_decode_workers=2))
+    disagg.DisaggStrategy(TINY64, None, cfg)
+    assert built == [("prefill0", "cuda:0", None), ("decode0", "cuda:1", None), ("decode1", "cuda:2", None)]
+    built.clear()
+    fleet.Replicas(TINY64, None, replace(cfg, num_replicas=2, devices=devices[:2]))
+    assert built == [("replica0", "cuda:0", None), ("replica1", "cuda:1", None)]

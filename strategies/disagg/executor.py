@@ -44,13 +44,13 @@ class DisaggStrategy(Fleet):
         self.prefill: list[Worker] = []  # each role: PrefillRole
         self.decode: list[Worker] = []  # each role: DecodeRole
         for i in range(d.num_prefill_workers):
-            self.prefill.append(InflightStrategy(self.model_cfg, self.model, self.config, self.clock,
+            self.prefill.append(InflightStrategy(self.model_cfg, self.model, self.config.on(i), self.clock,
                                                  role=PrefillRole(i)))
             self.workers.append(self.prefill[-1])
         decode_cfg = replace(self.config, prefix_caching=False)  # prompts arrive by transfer, not from a cache
         for i in range(d.num_decode_workers):
-            self.decode.append(InflightStrategy(self.model_cfg, self.model, decode_cfg, self.clock,
-                                                role=DecodeRole(i)))
+            self.decode.append(InflightStrategy(self.model_cfg, self.model, decode_cfg.on(d.num_prefill_workers + i),
+                                                self.clock, role=DecodeRole(i)))
             self.workers.append(self.decode[-1])
         self.transceiver = self._transceiver()
 
