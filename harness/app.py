@@ -81,13 +81,13 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
         try:
             run_strategies(plan, staging, measured, progress=progress, fault=fault, log=log)
         finally:  # whatever was measured is written, even when a strategy was cut short
-            summary = _write_run(staging, out, plan, measured, report, log)
+            summary = write_run(staging, out, plan, measured, report, log)
     runs = measured.runs
     code = EXIT_INTERRUPTED if any(r.interrupted for r in runs) else EXIT_FAULT if any(r.error for r in runs) else 0
     return RunOutcome(out, summary, code, measured.notes)
 
 
-def _write_run(staging: Path, out: Path, plan: Plan, measured: Measured, report: bool,
+def write_run(staging: Path, out: Path, plan: Plan, measured: Measured, report: bool,
                log: Callable[[str], None]) -> pd.DataFrame:
     """The run's own files (run.json, the summary) and report beside the strategies', then ``out`` swapped in."""
     summary = pd.DataFrame(measured.rows)

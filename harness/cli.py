@@ -1,4 +1,4 @@
-"""The ``slotbench`` command: run, suite, report, compare, calibrate, step-cost, trace-info.
+"""The ``slotbench`` command: run, serve, suite, report, compare, calibrate, step-cost, trace-info.
 
 Bad input prints one line and exits 2. A fault stops the run, writes what was measured and exits 1;
 Ctrl-C does the same with exit 130, and a second Ctrl-C exits at once.
@@ -15,7 +15,6 @@ import signal
 import sys
 import threading
 import time
-from dataclasses import fields
 from pathlib import Path
 from typing import NoReturn
 
@@ -23,46 +22,17 @@ import pandas as pd
 
 from harness.compare.run import add_compare_parser, cmd_compare
 from harness.errors import UserError
-from harness.options import RunOptions
+from harness.flags import Parser, add_run_arguments, options_from_args
+from harness.serve.command import add_serve_parser, cmd_serve
 
 SUMMARY_COLUMNS = ["run", "strategy", "completed", "rejected", "failed", "duration_s", "request_throughput",
                    "output_throughput", "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms",
                    "mean_batch_size", "device_busy_fraction", "host_ms_per_iteration"]
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2 (argparse prints usage + error)
-        print(f"slotbench: error: {message} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def add_run_arguments(parser: argparse.ArgumentParser) -> None:
-    for f in fields(RunOptions):
-        flag = "--" + f.name.replace("_", "-")
-        meta = dict(f.metadata)
-        help_ = meta.pop("help")
-        if f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=f"{help_} (default: {f.default})")
-        elif f.name == "strategies":
-            parser.add_argument(flag, default=",".join(f.default), help=help_)
-        else:
-            kind = str(f.type)
-            conv = float if kind.startswith("float") else int if kind.startswith("int") else str
-            parser.add_argument(flag, type=conv, default=f.default, help=f"{help_} (default: {f.default})", **meta)
-
-
-def options_from_args(args: argparse.Namespace) -> RunOptions:
-    values = {k: getattr(args, k) for k in RunOptions.option_names()}
-    values["strategies"] = tuple(s.strip() for s in values["strategies"].split(",") if s.strip())
-    if values["goodput"] is not None:
-        values["goodput"] = tuple(values["goodput"])
-    return RunOptions(**values)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="slotbench", description="Benchmark and profile LLM executor batching strategies.")
-    sub = p.add_subparsers(dest="command", parser_class=_Parser)
+    p = Parser(prog="slotbench", description="Benchmark and profile LLM executor batching strategies.")
+    sub = p.add_subparsers(dest="command", parser_class=Parser)
     run = sub.add_parser("run", help="run strategies over a trace and write a run directory")
     add_run_arguments(run)
     run.add_argument("--out", default=None, help="run directory (default: a new runs/run-YYYYmmdd-HHMMSS)")
@@ -106,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     cost.add_argument("--prefill", action="append", default=[], metavar="N[:KV]",
                       help="one N-token prompt chunk after KV cached tokens (repeatable)")
     add_compare_parser(sub)
+    add_serve_parser(sub)
     info = sub.add_parser("trace-info", help="rows, duration, rate, length percentiles, burstiness")
     info.add_argument("path")
     info.add_argument("--trace-format", default="auto")
@@ -260,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         args = parser.parse_args(["run", *argv])
     commands = {"run": _cmd_run, "suite": _cmd_suite, "report": _cmd_report, "trace-info": _cmd_trace_info,
-                "calibrate": _cmd_calibrate, "step-cost": _cmd_step_cost, "compare": cmd_compare}
+                "calibrate": _cmd_calibrate, "step-cost": _cmd_step_cost, "compare": cmd_compare,
+                "serve": cmd_serve}
     _install_sigint()
     try:
         return commands[args.command](args)

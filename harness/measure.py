@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from harness.options.endpoint import ENDPOINT
 from harness.output.rejections import rejection_note
 from harness.output.strategy_dir import write_strategy
 from harness.plan import Plan
@@ -42,7 +43,7 @@ def run_strategies(plan: Plan, staging: Path, measured: Measured, *, progress: b
         run = run_strategy(name, cfg, plan.model, plan.executor, requests, max_concurrency=opts.max_concurrency,
                            warmup=warmup, on_end=lambda _r, bar=bar: bar.update(1),
                            fault_at_iteration=fault[1] if fault and fault[0] == name else None,
-                           profile_iters=opts.profile_range())
+                           profile_iters=opts.profile_range(), cls=plan.client if name == ENDPOINT else None)
         bar.close()
         measured.runs.append(run)
         with collector_paused():

@@ -35,6 +35,7 @@ class Plan:
     sim_info: dict | None  # the simulated device's memory and profile (run.json), or None
     defaults: SamplingParams  # sampling a trace line does not override
     warm: list[TraceRequest]  # the warm-up requests (--warmup), capped in length
+    client: type | None = None  # --endpoint: the client executor, bound to the server (harness/endpoint/)
 
 
 def resolve_plan(opts: RunOptions, log: Callable[[str], None]) -> Plan:
@@ -63,7 +64,12 @@ def resolve_plan(opts: RunOptions, log: Callable[[str], None]) -> Plan:
     warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16),
                          encoder_tokens=min(t.encoder_tokens, opts.max_seq_len // 2))
             for t in trace.requests[: opts.warmup]]
-    return Plan(opts, trace, model_cfg, model, executor, sim_info, defaults, warm)
+    client = None
+    if opts.endpoint is not None:
+        from harness.endpoint.connect import connect
+
+        client = connect(opts)
+    return Plan(opts, trace, model_cfg, model, executor, sim_info, defaults, warm, client)
 
 
 def make_trace(opts: RunOptions) -> Trace:
@@ -107,6 +113,8 @@ def load_model(opts: RunOptions) -> tuple:
         cfg = resolve_model_config(opts.model).with_dtype(opts.dtype or "float32")
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if opts.endpoint is not None:  # the server has the weights: the config sizes the prompts (vocabulary)
+        return cfg, None
     from strategies.runtime.models.llama import build_model, script_model  # torch: never on the simulated device
 
     try:  # the host's model; each engine places a copy of its own on the device (DeviceMemory.place)

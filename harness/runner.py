@@ -42,6 +42,7 @@ class StrategyRun:
     torch_threads: int = 0  # torch's intra-op threads while this strategy ran (warm-up included); 0 on the
     # simulated device, which runs no torch op (and never imports torch)
     tenures: list[SlotTenure] = field(default_factory=list)  # who held which slot when (slots.parquet)
+    extras: dict = field(default_factory=dict)  # what the executor adds (an endpoint client: its server's metrics)
 
 
 def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_size: int, seed: int,
@@ -92,11 +93,12 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
                  warmup: list[Request] | None = None,
                  on_end: Callable[[Request], None] | None = None,
                  fault_at_iteration: int | None = None,
-                 profile_iters: tuple[int, int] | None = None) -> StrategyRun:
+                 profile_iters: tuple[int, int] | None = None, cls: type[Executor] | None = None) -> StrategyRun:
     """Warm up, then replay ``requests`` through strategy ``name``. Every strategy, peers included, runs
     with ``config.device_threads`` torch threads (on a device that runs torch) whatever ran before it, and
-    leaves the process's thread count and switch interval as it found them."""
-    cls = get_strategy(name)
+    leaves the process's thread count and switch interval as it found them. ``cls``: the executor, where it is
+    not the registry's ``name`` (an endpoint client)."""
+    cls = cls or get_strategy(name)
     if config.num_replicas > 1 and name != "disagg":  # disagg's engines are its prefill and decode workers
         from strategies.fleet import replicated
 
@@ -151,7 +153,7 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
                 r.end(Status.FAILED, error, wall)
                 r.leave_slot()
     return StrategyRun(cls.name, requests, strategy.records, wall, error, interrupted, warmup_s,
-                       tenures=strategy.slot_tenures())
+                       tenures=strategy.slot_tenures(), extras=strategy.extras())
 
 
 def _cuda_profiler_range(first: int, last: int) -> Callable[[int], None]:

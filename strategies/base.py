@@ -1,13 +1,8 @@
-"""A slotbench strategy: the shared runtime, the three parts every step is made of, and the parts a strategy
-is given.
-
-schedule (host) → forward + sample (device) → postprocess (host). A concrete strategy (``static/``,
-``inflight/``, ``overlap/``, ``pipeline/``) subclasses ``Strategy`` once: its file holds its whole loop and
-builds its scheduling policy. The rest are parts it is given, not layers it inherits (``parts.py``): the
-``policy`` (``scheduler.IterationScheduler``, ``static/batcher.py``), the ``drafter`` (a draft model's
-engine, ``drafting.py``, or None), a fleet ``role`` (``fleet.ReplicaRole``, ``disagg/workers.py``, or None)
-and the ``recorder`` (``recorder.py``). The runtime underneath is the same for all, so a difference between
-strategies in a report comes from scheduling alone. (The harness drives ``Executor``, ``interface.py``.)
+"""A slotbench strategy: the shared runtime, the three parts of a step — schedule (host) → forward + sample
+(device) → postprocess (host) — and the parts a strategy is given (``parts.py``): a scheduling ``policy``, a
+``drafter`` (``drafting.py``), a fleet ``role`` (``fleet.py``, ``disagg/workers.py``), a ``recorder``. A
+concrete strategy subclasses ``Strategy`` once; its file holds its whole loop. The runtime underneath is the
+same for all, so a difference between strategies in a report comes from scheduling alone.
 """
 
 from __future__ import annotations
@@ -99,14 +94,12 @@ class Strategy(Executor):
             self.close()
             raise
 
-    # --- interface --------------------------------------------------------------------------------
     def run(self, source: RequestSource) -> None:
         self.source = source
         self._loop()
 
     def close(self) -> None:
-        """Stop the device streams and drop the device's tensors (weights, KV pools, buffers), so that
-        nothing of this executor stays on the card while the next one runs."""
+        """Stop the device streams and drop the device's tensors: nothing of it stays on the card."""
         if getattr(self, "drafter", None) is not None:
             self.drafter.close()
             self.drafter = None
@@ -116,6 +109,18 @@ class Strategy(Executor):
 
     def inject_fault(self, iteration: int) -> None:
         self.engine.fault_at_iteration = iteration
+
+    def abort(self, r: Request, reason: str) -> None:
+        """End ``r`` now (its client went away): out of the queue, or its slot and blocks given back (static:
+        its row stays in the batch as padding). The engine's thread only, between steps."""
+        if r.status.terminal:
+            return
+        if r in self.waiting:
+            self.waiting.remove(r)
+        elif not self.holds_finished_rows:
+            self._release(r)
+        r.end(Status.FAILED, reason, self.clock.now())
+        self.source.on_finished(r)
 
     def slot_tenures(self) -> list[SlotTenure]:
         return self.slots.tenures
@@ -157,11 +162,9 @@ class Strategy(Executor):
 
     def _step(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> None:
         """One step, synchronously: launch it, wait for it, postprocess it."""
-        work = self._launch(rec, batch, bufs)
-        self._wait(rec, work)
+        self._wait(rec, self._launch(rec, batch, bufs))
         self._postprocess(rec, bufs)
 
-    # --- intake and idling ------------------------------------------------------------------------
     def _intake(self) -> bool:
         """Move arrived requests into the queue; False once there is nothing left to do."""
         assert self.source is not None
@@ -181,7 +184,6 @@ class Strategy(Executor):
                                   f"({len(self.waiting)} waiting, {len(self.running)} running)")
         self.clock.sleep_until(nxt)
 
-    # --- slots and KV ---------------------------------------------------------------------------
     def _admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
         """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
         slot = self.slots.acquire(r.request_id, self._scheduling, r.width)
@@ -203,13 +205,11 @@ class Strategy(Executor):
         self.running.discard(r)  # (static keeps finished requests' slots; a preempted one is not running)
 
     def _preempt(self, r: Request) -> None:
-        """Free ``r``'s slot and blocks and requeue it at the front: it recomputes what it had (the policy's
-        max-utilization, when a running request cannot grow)."""
+        """Free ``r``'s slot and blocks, requeued at the front: it recomputes what it had (max-utilization)."""
         self._release(r, "preempted")
         r.preempt()
         self.waiting.appendleft(r)
 
-    # --- the three parts ------------------------------------------------------------------------
     def _schedule_phase(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
         if self.iteration_hook is not None:
             self.iteration_hook(iteration)

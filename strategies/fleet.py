@@ -121,6 +121,14 @@ class Fleet(Executor):
     def slot_tenures(self) -> list[SlotTenure]:
         return [t for w in self.workers for t in w.slots.tenures]
 
+    def abort(self, r: Request, reason: str) -> None:
+        """End ``r`` on the worker that queues or runs it; one between workers (disagg's handoff, a transfer)
+        runs on to its end."""
+        for w in self.alive:
+            if r in w.waiting or r in w.running:
+                w.abort(r, reason)
+                return
+
     def close(self) -> None:
         for w in self.workers:
             w.close()

@@ -76,6 +76,14 @@ class Executor(ABC):
         """Who held which request slot from which step to which (an engine without slots: none)."""
         return []
 
+    def extras(self) -> dict:
+        """What this executor records beyond requests, steps and slots (the run's files name each)."""
+        return {}
+
+    def abort(self, r: Request, reason: str) -> None:
+        """End ``r`` now, failed with ``reason`` (a server's client went away); the engine's thread only."""
+        raise NotImplementedError(f"{self.name} cannot abort a request")
+
     def inject_fault(self, iteration: int) -> None:
         """Test hook: make the device step raise at ``iteration``."""
         raise NotImplementedError(f"{self.name} has no fault hook")

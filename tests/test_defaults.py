@@ -8,7 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from harness.cli import build_parser, options_from_args
+from harness.cli import build_parser
+from harness.flags import options_from_args
 from harness.traces import synthetic_trace
 from tests.util import cli
 

@@ -22,7 +22,7 @@ from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
 from strategies.runtime.kv_transfer.config import DisaggConfig
 from strategies.runtime.kv_transfer.staging import KVStaging, block_bytes
-from strategies.runtime.request import Status
+from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 from tests.util import (
     TINY64,
@@ -62,11 +62,13 @@ def _assert_all_returned(s) -> None:
     {},  # a device process per worker, shared memory
     {"device_memory": "split"},  # every copy a transfer on the stream, as on CUDA
     {"cpu_device": "thread"},
+    # one process, split memory: the relay's copies are real (the receiver uploads from the sender's host half)
+    {"cpu_device": "thread", "device_memory": "split"},
     {"capacity_policy": "max-utilization", "kv_blocks": 6},  # preemption on both sides
     {"prefix_caching": True},  # on the prefill side
     {"chunked_prefill": False, "max_num_tokens": 64},
     {"num_prefill_workers": 2, "num_decode_workers": 2, "kv_transfer_buffer_mb": 1.0},
-], ids=["process", "split", "thread", "preempt", "prefix", "no-chunking", "2p2d"])
+], ids=["process", "split", "thread", "thread-split", "preempt", "prefix", "no-chunking", "2p2d"])
 def test_tokens_equal_one_request_alone(kw):
     """Greedy and seeded-sampling tokens equal each request decoded alone, and every block and slot of
     every worker is back at the end. The default staging buffer holds one block: transfers take several
@@ -81,6 +83,9 @@ def test_tokens_equal_one_request_alone(kw):
     s = run_strategy("disagg", TINY64, model, _config(**kw), requests, keep_open=True)
     try:
         _assert_all_returned(s)
+        if kw.get("cpu_device") == "thread":  # the relay: each decode worker uploaded from the prefill worker's
+            # host half, its own never written by the host's loop (it was, before the relay's copies went async)
+            assert all(not w.engine.kv_staging.host.any() for w in s.decode)
     finally:
         s.close()
     assert_accounted(requests)
@@ -451,3 +456,40 @@ def test_a_fleet_builds_each_engine_on_its_device(monkeypatch):
     built.clear()
     fleet.Replicas(TINY64, None, replace(cfg, num_replicas=2, devices=devices[:2]))
     assert built == [("replica0", "cuda:0", None), ("replica1", "cuda:1", None)]
+
+
+def test_a_decode_worker_killed_while_idle_leaves_the_others_serving():
+    """The scenario of the issue on faults, scaled down: 1 prefill + 2 decode workers, each a device process of
+    its own; two bursts of 8 requests 1.5 s apart; decode1's process killed (SIGKILL) in the gap, while it
+    is idle. Its death surfaces at a wait inside the fleet's fault handling: the transfers bound for it go back
+    to the queue and decode0 serves them, so every request of both bursts finishes; the run then ends with the
+    failure (exit 1 from the CLI)."""
+    import signal
+
+    _, model = tiny_models()
+    specs = _specs(n=8)
+    first = make_requests(specs)
+    second = [Request(f"late{i}", r.prompt_token_ids.copy(), r.max_new_tokens, r.sampling, arrival_s=1.5)
+              for i, r in enumerate(make_requests(specs))]
+    s = get_strategy("disagg")(TINY64, model, _config(num_decode_workers=2))
+    victim = s.decode[1].stream._server.proc
+    killed = []
+
+    class KillInTheGap(ListSource):
+        def poll(self, now_s: float) -> list:
+            if not killed and all(r.status.terminal for r in first):  # the first burst done: decode1 is idle
+                assert not s.decode[1].running and not s.decode[1].role.receiving
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.wait()
+                killed.append(now_s)
+            return super().poll(now_s)
+
+    try:
+        with pytest.raises(RuntimeError, match="decode1 failed"):
+            s.run(KillInTheGap(first + second))
+    finally:
+        s.close()
+    assert killed and killed[0] < 1.5
+    assert all(r.status is Status.FINISHED for r in first + second), [r.finish_reason for r in first + second
+                                                                      if r.status is not Status.FINISHED]
+    assert [w.label for w in s.alive] == ["prefill0", "decode0"]

@@ -51,7 +51,11 @@ def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> tuple[d
     if opts.slice_duration:
         slices = slices_frame(req_df, tokens, opts.slice_duration, tuple(dict.fromkeys((50, *opts.percentiles))))
         atomic_write_text(d / "slices.csv", slices.to_csv(index=False))
+    if run.extras.get("server_metrics"):  # an endpoint run that read the server's /metrics (endpoint/scrape.py)
+        atomic_write_parquet(d / "server_metrics.parquet", pd.DataFrame(run.extras["server_metrics"]))
     row = summary_row(run, req_df, it_df, flat, opts)
+    if run.extras.get("client_us_per_request") is not None:
+        row["client_us_per_request"] = run.extras["client_us_per_request"]
     model = opts.model_spec if opts.device == "sim" else opts.model
     result = vllm_result(run.name, model, req_df, flat, row, dataclasses.asdict(opts))
     atomic_write_json(d / "vllm_bench.json", result, indent=None)

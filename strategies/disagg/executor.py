@@ -68,6 +68,10 @@ class DisaggStrategy(Fleet):
         if all(isinstance(w.stream, ProcessStream) for w in self.workers):  # a device process each: link them
             self._link_store = connect([w.stream for w in self.workers])
             ranks = {w: i for i, w in enumerate(self.workers)}
+        else:  # one process: a decode worker uploads from a prefill worker's host half (staging.py)
+            for d in self.decode:
+                for p in self.prefill:
+                    d.engine.kv_staging.memory.share(p.engine.kv_staging.host)
         return KVTransceiver(self.clock, c.tokens_per_block, block_bytes(self.model_cfg, c.tokens_per_block),
                              staging_blocks(self.model_cfg, c), None, ranks)
 

@@ -111,11 +111,11 @@ class KVTransceiver:
 
     def _receive(self, t: Transfer) -> None:
         m, src, dst = t.chunk, t.src.engine.kv_staging, t.dst.engine.kv_staging
-        if self.ranks is None:
-            dst.host[:m].copy_(src.host[:m])  # the link: a host copy, in one process
         dst.blocks.np[:m] = t.dst_blocks[t.moved:t.moved + m]
-        peer = None if self.ranks is None else self.ranks[t.src]
-        t.work, t.receiving = t.dst.stream.enqueue(-1, [("kv_recv", t.dst.engine.kv_recv, (m, peer))]), True
+        # in one process the receiver uploads from the sender's host half (its send is done: the host queried
+        # it), so the host's loop copies nothing (staging.py)
+        peer, source = (None, src.host) if self.ranks is None else (self.ranks[t.src], None)
+        t.work, t.receiving = t.dst.stream.enqueue(-1, [("kv_recv", t.dst.engine.kv_recv, (m, peer, source))]), True
 
     def next_event_s(self) -> float:
         """Simulated device: when the next transfer completes (inf: none in flight)."""

@@ -130,11 +130,11 @@ class Engine:
         assert self.kv_staging is not None
         self.kv_staging.send(n, self._k, self._v, peer)
 
-    def kv_recv(self, n: int, peer: int | None = None) -> None:
-        """Device piece: ``n`` blocks from rank ``peer`` of the KV link (or the host half) into the blocks the
-        staging buffer lists."""
+    def kv_recv(self, n: int, peer: int | None = None, source: torch.Tensor | None = None) -> None:
+        """Device piece: ``n`` blocks from rank ``peer`` of the KV link (or from the sender's host half
+        ``source``) into the blocks the staging buffer lists."""
         assert self.kv_staging is not None
-        self.kv_staging.receive(n, self._k, self._v, peer)
+        self.kv_staging.receive(n, self._k, self._v, peer, source)
 
     def _check_fault(self, iteration: int) -> None:
         if self.fault_at_iteration is not None and iteration >= self.fault_at_iteration:

@@ -46,6 +46,11 @@ class DeviceMemory:
         self._staging.add(t.untyped_storage().data_ptr())
         return t
 
+    def share(self, host: torch.Tensor) -> None:
+        """Accept another engine's staging buffer as a copy end: a disaggregated receiver uploads from the
+        sender's host half (``kv_transfer/staging.py``)."""
+        self._staging.add(host.untyped_storage().data_ptr())
+
     def zeros(self, shape: tuple[int, ...], dtype: torch.dtype | str, fill: float = 0) -> torch.Tensor:
         """A device-only tensor (decoder state, KV pools, logits): never seen by the host."""
         return torch.full(shape, fill, dtype=torch_dtype(dtype), device=self.device)

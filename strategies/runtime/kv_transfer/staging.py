@@ -8,8 +8,9 @@ engine's blocks. Between the two, the link:
 
 - device processes (the CPU device's default): a gloo group among them (``gloo_link.py``); the blocks go
   from the sender's buffer to the receiver's, never through the host;
-- one process (the CPU device thread, a CUDA stream): the sender downloads to its host half, the host copies
-  that to the receiver's host half, and the receiver uploads it.
+- one process (the CPU device thread, a CUDA stream): the sender downloads to its host half (pinned on CUDA)
+  on its stream, and once that piece is done the receiver uploads from the *sender's* host half on its own
+  stream: two asynchronous copies ordered by the host's query of the send, no copy on the host's loop.
 
 Every copy is one contiguous prefix issued on the engine's stream, so the same code runs on CUDA (pinned
 host halves, asynchronous copies), on CPU split memory and in a CPU device process.
@@ -58,12 +59,14 @@ class KVStaging:
         self.gather(n, k, v)
         self.link.send(self.dev[:n], peer)
 
-    def receive(self, n: int, k: torch.Tensor, v: torch.Tensor, peer: int | None) -> None:
-        """Device side of a receive: rank ``peer``'s posted blocks (or, ``peer`` None, the host half the host
-        relayed) into the buffer, then into blocks ``blocks[:n]`` of the pools. Blocks that never came (the
-        sender left) leave the pools as they were and ``received`` 0, for the host to read."""
+    def receive(self, n: int, k: torch.Tensor, v: torch.Tensor, peer: int | None,
+                source: torch.Tensor | None = None) -> None:
+        """Device side of a receive: rank ``peer``'s posted blocks (or, ``peer`` None, the sender's host half
+        ``source``, its send done) into the buffer, then into blocks ``blocks[:n]`` of the pools. Blocks that
+        never came (the sender left) leave the pools as they were and ``received`` 0, for the host to read."""
         if peer is None:
-            self.memory.upload(self.dev, self.host, n)
+            assert source is not None, "a relayed receive reads the sender's host half"
+            self.memory.upload(self.dev, source, n)
             ok = True
         else:
             assert self.link is not None, "a receive from a rank needs the link"

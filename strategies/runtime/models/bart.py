@@ -76,13 +76,14 @@ class BartDecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, k_pool: torch.Tensor, v_pool: torch.Tensor, kv_index: torch.Tensor,
                 ctx_starts: list[int], ctx_lens: list[int], ctx_pos0: list[int], ctx_kv: list[torch.Tensor],
-                num_ctx_tokens: int, gen_kv: torch.Tensor, gen_mask: torch.Tensor, ck_pool: torch.Tensor,
+                num_ctx_tokens: int, rows: torch.Tensor, gen_kv: torch.Tensor, gen_mask: torch.Tensor,
+                ck_pool: torch.Tensor,
                 cv_pool: torch.Tensor, encoded: torch.Tensor, fill_dst: torch.Tensor, cross_ctx: list[torch.Tensor],
                 cross_gen_kv: torch.Tensor, cross_gen_mask: torch.Tensor) -> torch.Tensor:
         t = x.size(0)
         a = self.self_attn
         o = paged_attention(a.q(x), a.k(x), a.v(x), k_pool, v_pool, kv_index, ctx_starts, ctx_lens, ctx_pos0, ctx_kv,
-                            num_ctx_tokens, gen_kv, gen_mask)
+                            num_ctx_tokens, rows, gen_kv, gen_mask)
         x = self.self_attn_layer_norm(x + a.out_proj(o.reshape(t, -1)))
         c = self.encoder_attn
         if fill_dst.size(0) > 0:  # a request's first decoder step: its encoder output becomes cross KV, once
@@ -145,9 +146,10 @@ class BartModel(nn.Module):
         ``cross_table [R, Wc]``: each request row's cross pages, rows in the block table's order; its
         encoder length as host ints ``cross_lens`` (a context chunk's kernel shapes) and on the device
         ``cross_len [R]`` (the generation rows' mask)."""
-        ctx_kv, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0, num_ctx_tokens,
-                                                gen_kmax, tokens_per_block, last_token, cache_indirection, max_beam,
-                                                k_pools)
+        # (an encoder–decoder step keeps its chunks whole: their cross-attention is per chunk)
+        ctx_kv, rows, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
+                                                      num_ctx_tokens, gen_kmax, tokens_per_block, last_token,
+                                                      cache_indirection, max_beam, k_pools, False)
         token_ids, positions = tokens[:, 0], tokens[:, 1]
         t = tokens.size(0)
         dev = tokens.device
@@ -168,7 +170,7 @@ class BartModel(nn.Module):
         layer = 0
         for block in self.decoder.layers:
             x = block(x, k_pools[layer], v_pools[layer], tokens[:, 3], ctx_starts, ctx_lens, ctx_pos0, ctx_kv,
-                      num_ctx_tokens, gen_kv, gen_mask, ck_pools[layer], cv_pools[layer], encoded, fill_dst,
+                      num_ctx_tokens, rows, gen_kv, gen_mask, ck_pools[layer], cv_pools[layer], encoded, fill_dst,
                       cross_ctx, cross_gen_kv, cross_gen_mask)
             layer += 1  # noqa: SIM113 - TorchScript indexes the pools by a plain int
         logits = self.lm_head(x[sample_rows]) + self.final_logits_bias  # [B, V]

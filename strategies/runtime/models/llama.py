@@ -87,8 +87,8 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor,
                 v_pool: torch.Tensor, kv_index: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
-                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, gen_kv: torch.Tensor,
-                gen_mask: torch.Tensor) -> torch.Tensor:
+                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, rows: torch.Tensor,
+                gen_kv: torch.Tensor, gen_mask: torch.Tensor) -> torch.Tensor:
         t = x.size(0)
         q = self.q_proj(x).view(t, self.num_heads, self.head_dim)  # [T, H, D]
         k = self.k_proj(x).view(t, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
@@ -96,7 +96,7 @@ class Attention(nn.Module):
         q = q * cos + _rotate_half(q) * sin
         k = k * cos + _rotate_half(k) * sin
         out = paged_attention(q, k, v, k_pool, v_pool, kv_index, ctx_starts, ctx_lens, ctx_pos0, ctx_kv, num_ctx_tokens,
-                              gen_kv, gen_mask)  # [T, H, D]
+                              rows, gen_kv, gen_mask)  # [T, H, D]
         return self.o_proj(out.reshape(t, self.num_heads * self.head_dim))
 
 
@@ -121,10 +121,10 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_pool: torch.Tensor,
                 v_pool: torch.Tensor, kv_index: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
-                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, gen_kv: torch.Tensor,
-                gen_mask: torch.Tensor) -> torch.Tensor:
+                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, rows: torch.Tensor,
+                gen_kv: torch.Tensor, gen_mask: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_pool, v_pool, kv_index, ctx_starts, ctx_lens,
-                               ctx_pos0, ctx_kv, num_ctx_tokens, gen_kv, gen_mask)
+                               ctx_pos0, ctx_kv, num_ctx_tokens, rows, gen_kv, gen_mask)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -141,17 +141,18 @@ class LlamaModel(nn.Module):
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, kv_index: torch.Tensor,
                 k_pools: torch.Tensor, v_pools: torch.Tensor, ctx_starts: list[int], ctx_lens: list[int],
-                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, gen_kv: torch.Tensor,
-                gen_mask: torch.Tensor, sample_rows: torch.Tensor) -> torch.Tensor:
+                ctx_pos0: list[int], ctx_kv: list[torch.Tensor], num_ctx_tokens: int, rows: torch.Tensor,
+                gen_kv: torch.Tensor, gen_mask: torch.Tensor, sample_rows: torch.Tensor) -> torch.Tensor:
         """token_ids, positions, kv_index: [T]; k_pools, v_pools: [L, Hkv, pages, D]; ctx_kv: page
-        indices of every key a later context chunk reads; gen_kv [G*K] / gen_mask [1, G, 1, K]: the
-        generation rows' pages and the additive mask (0 or -inf) of what each row may see."""
+        indices of every key a later context chunk reads; rows [R']: the tokens that attend one query each
+        (empty: the generation rows); gen_kv [R'*K] / gen_mask [1, R', 1, K]: those rows' pages and the additive
+        mask (0 or -inf) of what each row may see (kv/paged_attention.py)."""
         x = self.embed_tokens(token_ids)  # [T, hidden]
         cos, sin = rope_tables(positions, self.rope.inv_freq, x.dtype)  # [T, 1, D]
         layer = 0
         for block in self.layers:
             x = block(x, cos, sin, k_pools[layer], v_pools[layer], kv_index, ctx_starts, ctx_lens, ctx_pos0,
-                      ctx_kv, num_ctx_tokens, gen_kv, gen_mask)
+                      ctx_kv, num_ctx_tokens, rows, gen_kv, gen_mask)
             layer += 1  # noqa: SIM113 - TorchScript indexes the pools by a plain int
         return self.lm_head(self.norm(x[sample_rows]))  # [B, vocab]
 
@@ -166,12 +167,12 @@ class LlamaModel(nn.Module):
         state's ``last_token`` rows on the device; logits land in ``logits_out`` (float32 whatever the
         model dtype, as Hugging Face samples). ``cache_indirection [S * max_beam, L]`` (empty without beam
         search): for each beam row and position, which beam of the request wrote that position's key."""
-        ctx_kv, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0, num_ctx_tokens,
-                                                gen_kmax, tokens_per_block, last_token, cache_indirection, max_beam,
-                                                k_pools)
+        ctx_kv, rows, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
+                                                      num_ctx_tokens, gen_kmax, tokens_per_block, last_token,
+                                                      cache_indirection, max_beam, k_pools, True)
         token_ids, positions = tokens[:, 0], tokens[:, 1]
         logits = self.forward(token_ids, positions, tokens[:, 3], k_pools, v_pools, ctx_starts, ctx_lens, ctx_pos0,
-                              ctx_kv, num_ctx_tokens, gen_kv, gen_mask, sample_rows)
+                              ctx_kv, num_ctx_tokens, rows, gen_kv, gen_mask, sample_rows)
         logits_out[: logits.size(0)].copy_(logits)
 
 

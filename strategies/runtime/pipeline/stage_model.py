@@ -44,14 +44,15 @@ class StageModel(nn.Module):
         rows' logits, the others ``hidden_out``. Pools hold this stage's layers only."""
         positions = tokens[:, 1]
         no_beams = torch.empty((0, 0), dtype=torch.long, device=tokens.device)
-        ctx_kv, gen_kv, gen_mask = attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
-                                                     num_ctx_tokens, gen_kmax, tokens_per_block, no_beams, 1, k_pools)
+        ctx_kv, rows, gen_kv, gen_mask = attention_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
+                                                           num_ctx_tokens, gen_kmax, tokens_per_block, no_beams, 1,
+                                                           k_pools, True)
         x = self.embed_tokens(tokens[:, 0]) if self.first else hidden_in
         cos, sin = rope_tables(positions, self.rope.inv_freq, x.dtype)  # [T, 1, D]
         layer = 0
         for block in self.layers:
             x = block(x, cos, sin, k_pools[layer], v_pools[layer], tokens[:, 3], ctx_starts, ctx_lens, ctx_pos0,
-                      ctx_kv, num_ctx_tokens, gen_kv, gen_mask)
+                      ctx_kv, num_ctx_tokens, rows, gen_kv, gen_mask)
             layer += 1  # noqa: SIM113 - TorchScript indexes the pools by a plain int
         if self.last:
             logits = self.lm_head(self.norm(x[sample_rows]))  # [B, vocab]

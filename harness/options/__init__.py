@@ -7,12 +7,13 @@ use are both derived from this table, so they cannot drift apart.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
-from typing import Any
+from dataclasses import dataclass, fields
 
 from harness.devices import check_device, check_devices
 from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
+from harness.options.endpoint import ENDPOINT, EndpointOptions
+from harness.options.field import opt as _opt
 from harness.traces import FORMATS, LENGTH_DISTS
 from harness.traces.sessions import SessionShape
 from harness.traces.synthetic import RAMP_STRATEGIES, ramp_rates
@@ -24,12 +25,8 @@ from strategies.runtime.sim.config import SERVING_CHOICES
 from strategies.runtime.spec.config import SpecConfig, parse_speculative_config
 
 
-def _opt(default: Any, help: str, **argparse_kw: Any) -> Any:
-    return field(default=default, metadata={"help": help, **argparse_kw})
-
-
 @dataclass(frozen=True)
-class RunOptions:
+class RunOptions(EndpointOptions):
     strategies: tuple[str, ...] = _opt(("static", "inflight", "overlap"), "comma-separated strategies")
     model: str = _opt("small", "preset (tiny, small) or a Hugging Face checkpoint directory")
     dtype: str | None = _opt(None, "model dtype (default: float32 on cpu and cuda; on sim the spec's own, "
@@ -153,11 +150,14 @@ class RunOptions:
     profile_iters: str | None = _opt(None, "CUDA: iterations A-B bracketed by cudaProfilerStart/Stop")
 
     def __post_init__(self) -> None:
+        self.check_endpoint()
+        if self.endpoint is not None:  # the server's engine is what runs: one row, named by its label
+            object.__setattr__(self, "strategies", (ENDPOINT,))
         if not self.strategies:
             raise UserError("--strategies: give at least one strategy")
         from strategies.registry import strategy_names
 
-        unknown = [s for s in self.strategies if s not in strategy_names()]
+        unknown = [s for s in self.strategies if s not in (*strategy_names(), ENDPOINT)]
         if unknown:
             raise UserError(f"unknown strategy {unknown[0]!r}; valid: {', '.join(strategy_names())}")
         check_device(self.device, self.strategies)
@@ -209,7 +209,7 @@ class RunOptions:
             raise UserError(str(exc)) from None
 
     def _check_speculation(self) -> None:
-        if self.speculative() is None:
+        if self.speculative() is None or self.endpoint is not None:
             return
         from strategies.registry import get_strategy
 

@@ -1,0 +1,1 @@
+"""``slotbench run --endpoint URL``: slotbench's traces and records against any OpenAI-compatible server."""

@@ -1,0 +1,1 @@
+"""``slotbench serve``: one strategy's own loop behind an OpenAI-compatible HTTP front end."""

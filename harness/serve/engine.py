@@ -1,0 +1,105 @@
+"""A served engine: one strategy's own loop on a thread of its own, fed by the HTTP front end (``LiveSource``),
+and what it served kept for the run directory written at shutdown — the same files as ``slotbench run``, each
+request's arrival the moment it reached the server."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+
+from harness.context_length import resolve_max_seq_len
+from harness.options import RunOptions
+from harness.plan import check_draft_model, load_model, resolve_executor
+from harness.runner import StrategyRun, build_requests
+from harness.serve.live_source import LiveSource, ServerClosing
+from harness.source import TraceSource
+from harness.traces.trace import Trace, TraceRequest
+from strategies.interface import Executor, make_clock
+from strategies.registry import get_strategy
+from strategies.runtime.request import Request, Status
+
+
+class ServedEngine:
+    def __init__(self, opts: RunOptions, notify: Callable[[], None]) -> None:
+        self.name = opts.strategies[0]
+        self.model_cfg, model = load_model(opts)
+        self.opts = opts = resolve_max_seq_len(opts, self.model_cfg)
+        check_draft_model(opts, self.model_cfg)
+        self.executor, self.sim_info = resolve_executor(opts)
+        cls = get_strategy(self.name)
+        if self.executor.num_replicas > 1 and self.name != "disagg":
+            from strategies.fleet import replicated
+
+            cls = replicated(cls)
+        self._warm_up(cls, model)
+        self.clock = make_clock(self.executor)
+        self.strategy: Executor = cls(self.model_cfg, model, self.executor, self.clock)
+        self.source = LiveSource(self.clock, self.executor.device == "sim", notify)
+        self.source.executor = self.strategy
+        self.notify = notify
+        self.requests: list[Request] = []  # every request the front end handed in, in arrival order
+        self.error: str | None = None  # why the engine stopped before the shutdown, if it did
+        self.wall_s = 0.0
+        self._thread = threading.Thread(target=self._serve, name="slotbench-engine", daemon=True)
+
+    def _warm_up(self, cls: type[Executor], model: object) -> None:
+        """``--warmup`` requests through an executor of their own first (the first steps at new shapes compile
+        and profile), as ``slotbench run`` does."""
+        o = self.opts
+        if not o.warmup:
+            return
+        warm = [TraceRequest(0.0, min(o.input_len, o.max_seq_len // 2), min(o.output_len, 16))] * o.warmup
+        w = cls(self.model_cfg, model, self.executor)
+        try:
+            w.run(TraceSource(build_requests(warm, o.sampling_defaults(), self.model_cfg.vocab_size, o.seed + 1,
+                                             "warmup-")))
+        finally:
+            w.close()
+
+    def start(self) -> None:
+        self.source.start()
+        self._thread.start()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, r: Request) -> None:
+        """Hand ``r`` to the engine (its arrival: now). Raises ``ServerClosing`` after ``stop``."""
+        self.source.submit(r)
+        self.requests.append(r)
+
+    def _serve(self) -> None:
+        try:
+            self.strategy.run(self.source)
+        except ServerClosing:
+            pass
+        except Exception as exc:  # an engine fault: the requests it held fail, the front end answers 503
+            self.error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.wall_s = self.clock.now()
+            reason = self.error or "the server shut down"
+            for r in self.requests:
+                if not r.status.terminal:
+                    r.end(Status.FAILED, reason, self.wall_s)
+                    if r.slot is not None:
+                        r.leave_slot()
+            self.notify()
+
+    def stop(self) -> StrategyRun:
+        """Stop the loop (unfinished requests fail) and close the engine; what was served, as a strategy run."""
+        self.source.close()
+        self._thread.join()
+        self.strategy.close()
+        return StrategyRun(self.name, list(self.requests), self.strategy.records, self.wall_s, self.error,
+                           interrupted=self.error is None, tenures=self.strategy.slot_tenures())
+
+    def trace(self) -> Trace:
+        """The requests served, as a trace (run.json's ``trace``)."""
+        requests = tuple(TraceRequest(r.arrival_s, r.prompt_len, r.max_new_tokens) for r in self.requests)
+        return Trace(requests, "served", "http")
+
+    def run_options(self) -> RunOptions:
+        """The options a run directory records: the strategy served, its limits resolved."""
+        return dataclasses.replace(self.opts, strategies=(self.name,))

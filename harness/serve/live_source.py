@@ -1,0 +1,101 @@
+"""The request source of a served engine: requests arrive from the HTTP front end (another thread) as they come.
+
+It is the same contract a trace replay meets (``strategies/interface.py``: RequestSource), so the strategy's
+loop is unchanged: ``poll`` hands out what has arrived, ``next_arrival_s`` blocks while nothing has. Aborts
+(clients that went away) are carried out in ``poll``, on the engine's thread, between steps. On the simulated
+device the virtual clock is paced to the wall clock: ``poll`` never lets it run ahead, and an arrival's time is
+the wall time since the server started — a GPU server priced by the simulator, served for real.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+
+from strategies.interface import Executor
+from strategies.runtime.device.clock import Clock
+from strategies.runtime.request import Request
+
+
+class ServerClosing(Exception):
+    """The server is shutting down: the engine's loop stops, its unfinished requests fail."""
+
+
+class LiveSource:
+    def __init__(self, clock: Clock, paced: bool, notify: Callable[[], None]) -> None:
+        self.clock = clock
+        self.paced = paced  # the simulated device: hold its virtual clock to the wall clock
+        self.notify = notify  # the front end: new tokens or ends to look at (called on the engine's thread)
+        self.executor: Executor | None = None  # set before the loop runs: aborts are its to carry out
+        self.t0 = time.perf_counter()
+        self._cond = threading.Condition()
+        self._arrived: deque[Request] = deque()
+        self._aborts: list[tuple[Request, str]] = []
+        self._closed = False
+
+    def start(self) -> None:
+        """The run starts now: time 0 on the run clock and on the wall clock alike."""
+        self.clock.reset()
+        self.t0 = time.perf_counter()
+
+    def now_s(self) -> float:
+        """Run-clock time of an arrival now: wall time since the start where the clock is paced."""
+        return time.perf_counter() - self.t0 if self.paced else self.clock.now()
+
+    # --- the front end's side (any thread) ---------------------------------------------------------
+    def submit(self, r: Request) -> None:
+        with self._cond:
+            if self._closed:
+                raise ServerClosing("the server is shutting down")
+            r.arrival_s = self.now_s()
+            self._arrived.append(r)
+            self._cond.notify()
+
+    def abort(self, r: Request, reason: str) -> None:
+        with self._cond:
+            self._aborts.append((r, reason))
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    # --- RequestSource (the engine's thread) ---------------------------------------------------------
+    def poll(self, now_s: float) -> list[Request]:
+        if self.paced and now_s > self.now_s():  # the virtual clock waits for the wall clock
+            time.sleep(now_s - self.now_s())
+        with self._cond:
+            if self._closed:
+                raise ServerClosing("the server is shutting down")
+            out = []
+            while self._arrived and self._arrived[0].arrival_s <= now_s:
+                out.append(self._arrived.popleft())
+            aborts, self._aborts = self._aborts, []
+        for r, reason in aborts:
+            if r in out:  # not handed to the engine yet
+                out.remove(r)
+                r.end(r.status.FAILED, reason, now_s)
+                self.on_finished(r)
+            else:
+                assert self.executor is not None
+                self.executor.abort(r, reason)
+        self.notify()
+        return out
+
+    def next_arrival_s(self) -> float | None:
+        """Blocks until a request has arrived (or an abort or the shutdown), then says when: never None, as
+        more can always come."""
+        with self._cond:
+            while not (self._arrived or self._aborts or self._closed):
+                self._cond.wait()
+            return self._arrived[0].arrival_s if self._arrived else self.clock.now()
+
+    @property
+    def exhausted(self) -> bool:
+        return False  # a server's requests end only at its shutdown (``ServerClosing``)
+
+    def on_finished(self, request: Request) -> None:
+        self.notify()
