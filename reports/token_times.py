@@ -60,6 +60,8 @@ class TokenTimes:
 
     def chunk_gaps_per_request(self) -> list[np.ndarray]:
         """``chunk_gaps`` split by request, in row order (a request with fewer than two chunks: empty)."""
+        if not len(self.counts):  # (np.split of nothing is one empty piece)
+            return []
         g = gaps(self.flat, self.counts)  # [N - R'] every gap, requests in order
         per_request = np.split(g, np.cumsum(np.maximum(self.counts - 1, 0))[:-1])
         return [x[x > 0] for x in per_request]

@@ -122,7 +122,7 @@ def reference_decode(model: torch.nn.Module, cfg: ModelConfig, r: Request) -> li
         pool = torch.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, n, cfg.head_dim), dtype=cfg.torch_dtype)
         no_mask = torch.zeros((1, 0, 1, 0), dtype=cfg.torch_dtype)
         logits = model(torch.tensor(tokens), torch.arange(n), torch.arange(n), pool, torch.zeros_like(pool), [0], [n],
-                       [0], [no_gen], n, no_gen, no_mask, torch.tensor([n - 1]))
+                       [0], [no_gen], n, no_gen, no_gen, no_mask, torch.tensor([n - 1]))
         logits = logits.float()  # as Hugging Face samples: float32 logits whatever the model dtype
         tok = int(sample(logits, torch.tensor([s.temperature]), torch.tensor([s.top_k]), torch.tensor([s.top_p]),
                          torch.tensor([s.min_p]), torch.tensor([s.seed]), torch.tensor([step]), s.uses_filters)[0])

@@ -34,6 +34,7 @@ class EndpointSettings:
     tokenizer: Tokenizer | None  # prompts as its text (else token ids), outputs counted by it without usage
     scrape_s: float | None  # read /metrics this often (server_metrics.parquet)
     max_concurrency: int | None
+    token_ids: bool = False  # the server takes vLLM's ``return_token_ids`` (probed by ``connect``)
 
 
 class EndpointClient(Executor):
@@ -97,9 +98,13 @@ class EndpointClient(Executor):
     def _body(self, r: Request) -> dict:
         s, sp = self.settings, r.sampling
         ids = r.prompt_token_ids.tolist()
+        # OpenAI's fields, and vLLM's extras only where they say something (a strict server refuses unknown ones)
         body = {"model": s.model, "stream": True, "stream_options": {"include_usage": True},
-                "temperature": sp.temperature, "top_p": sp.top_p, "seed": sp.seed, "ignore_eos": sp.ignore_eos,
-                "return_token_ids": True}
+                "temperature": sp.temperature, "top_p": sp.top_p, "seed": sp.seed}
+        if s.token_ids:
+            body["return_token_ids"] = True
+        if sp.ignore_eos:
+            body["ignore_eos"] = True
         if sp.top_k:
             body["top_k"] = sp.top_k
         if sp.min_p:
@@ -131,8 +136,8 @@ class EndpointClient(Executor):
                         t = time.perf_counter()
                         answer.event(line, self.clock.now())
                         spent += time.perf_counter() - t
-                    if not answer.done and answer.error is None:
-                        answer.error = "the stream ended before [DONE]"
+                    if not answer.done and answer.finish_reason is None and answer.error is None:
+                        answer.error = "the stream ended before its end"  # (no [DONE], no finish reason)
         except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
             answer.error = f"{type(exc).__name__}: {exc}"
         t = time.perf_counter()

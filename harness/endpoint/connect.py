@@ -30,5 +30,22 @@ def connect(opts: RunOptions) -> type[EndpointClient]:
     tokenizer = CheckpointTokenizer(opts.tokenizer) if opts.tokenizer else None
     if opts.endpoint_type == "chat" and tokenizer is None:
         raise UserError("--endpoint-type chat sends text: give --tokenizer DIR (the server's tokenizer)")
-    return client_for(EndpointSettings(url, opts.endpoint_type, opts.served_model or models[0], key, tokenizer,
-                                       opts.scrape_interval, opts.max_concurrency))
+    model = opts.served_model or models[0]
+    return client_for(EndpointSettings(url, opts.endpoint_type, model, key, tokenizer, opts.scrape_interval,
+                                       opts.max_concurrency, _takes_token_ids(url, opts.endpoint_type, model, key)))
+
+
+def _takes_token_ids(url: str, kind: str, model: str, key: str | None) -> bool:
+    """Whether the server answers a one-token request that asks for its token ids (vLLM's ``return_token_ids``,
+    slotbench serve's): then the client records the server's ids, else it re-tokenises the text."""
+    body = {"model": model, "max_tokens": 1, "return_token_ids": True,
+            **({"messages": [{"role": "user", "content": "a"}]} if kind == "chat" else {"prompt": "a"})}
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    path = "chat/completions" if kind == "chat" else "completions"
+    request = urllib.request.Request(f"{url}/{path}", json.dumps(body).encode(), headers)
+    try:
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            choices = json.loads(resp.read()).get("choices") or [{}]
+            return "token_ids" in choices[0]
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

@@ -59,6 +59,7 @@ class FrontEnd:
         self.closing = False
         self._lock = threading.Lock()
         self._active: dict[Request, _Track] = {}
+        self.proxied = engine.name == "disagg"  # the ttft a client behind a proxy sees (README: "Under disagg")
         self._ids = itertools.count()
 
     def app(self) -> web.Application:
@@ -77,6 +78,8 @@ class FrontEnd:
         loop = self.loop
         for r, tr in items:
             n = r.num_output_tokens
+            if n == 1 and self.proxied and not r.status.terminal:
+                continue  # disagg: as vLLM's proxy, the first token goes out with the decode worker's first
             if n > tr.sent:
                 tokens = r.output_tokens[tr.sent:n].tolist()
                 times = r.token_times_s[tr.sent:n]

@@ -22,6 +22,8 @@ from strategies.runtime.request import Request, Status
 
 class ServedEngine:
     def __init__(self, opts: RunOptions, notify: Callable[[], None]) -> None:
+        if opts.device == "sim":  # the HTTP path is real here: no modelled serving path on top of it
+            opts = dataclasses.replace(opts, serving_path="none")
         self.name = opts.strategies[0]
         self.model_cfg, model = load_model(opts)
         self.opts = opts = resolve_max_seq_len(opts, self.model_cfg)

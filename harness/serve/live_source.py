@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 from strategies.interface import Executor
 from strategies.runtime.device.clock import Clock
-from strategies.runtime.request import Request
+from strategies.runtime.request import Request, Status
+
+IDLE_WAIT_S = 0.002  # an idle engine looks for arrivals this often (it is woken at once by one)
 
 
 class ServerClosing(Exception):
@@ -65,8 +67,9 @@ class LiveSource:
 
     # --- RequestSource (the engine's thread) ---------------------------------------------------------
     def poll(self, now_s: float) -> list[Request]:
-        if self.paced and now_s > self.now_s():  # the virtual clock waits for the wall clock
-            time.sleep(now_s - self.now_s())
+        ahead = now_s - self.now_s() if self.paced else 0.0
+        if ahead > 0:  # the virtual clock waits for the wall clock
+            time.sleep(ahead)
         with self._cond:
             if self._closed:
                 raise ServerClosing("the server is shutting down")
@@ -77,7 +80,7 @@ class LiveSource:
         for r, reason in aborts:
             if r in out:  # not handed to the engine yet
                 out.remove(r)
-                r.end(r.status.FAILED, reason, now_s)
+                r.end(Status.FAILED, reason, now_s)
                 self.on_finished(r)
             else:
                 assert self.executor is not None
@@ -86,16 +89,18 @@ class LiveSource:
         return out
 
     def next_arrival_s(self) -> float | None:
-        """Blocks until a request has arrived (or an abort or the shutdown), then says when: never None, as
-        more can always come."""
+        """When the next request arrives: the first one waiting, else — after waiting up to ``IDLE_WAIT_S``
+        for one — now, so that an idle loop polls again (never None: more can always come). A fleet on the
+        simulated device asks between its steps' ends, so this never blocks for long."""
         with self._cond:
-            while not (self._arrived or self._aborts or self._closed):
-                self._cond.wait()
-            return self._arrived[0].arrival_s if self._arrived else self.clock.now()
+            if not (self._arrived or self._aborts or self._closed):
+                self._cond.wait(IDLE_WAIT_S)
+            return self._arrived[0].arrival_s if self._arrived else max(self.now_s(), self.clock.now())
 
     @property
     def exhausted(self) -> bool:
         return False  # a server's requests end only at its shutdown (``ServerClosing``)
 
     def on_finished(self, request: Request) -> None:
-        self.notify()
+        """(The front end learns of it at the next ``poll``: after the pacing, so that no client hears of an end
+        before the server's clock reaches it.)"""

@@ -1,0 +1,317 @@
+"""``slotbench serve`` and ``slotbench run --endpoint``, against each other on loopback.
+
+A server is a process of its own (``python -m harness.cli serve``), the client runs in the test's process. Each
+strategy's loop is served on the simulated device (whose tokens depend on each request's seed alone, so they
+can be compared with a ``slotbench run`` of the same trace), in-flight batching also on the CPU device (real
+clocks: the client's times against the server's own)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.util import cli
+
+TRACE = ["--num-prompts", "12", "--request-rate", "40", "--input-len", "24", "--output-len", "8", "--ignore-eos",
+         "--seed", "4", "--no-progress"]
+SIM = ["--device", "sim", "--model-spec", "tiny", "--gpu", "h100"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """``slotbench serve ARGS`` on a free port, up once /health answers."""
+
+    def __init__(self, tmp: Path, *args: str) -> None:
+        self.port, self.out = _free_port(), tmp / "served"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "serve", *args, "--port", str(self.port),
+                                      "--out", str(self.out), "--warmup", "1"], stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, self.proc.stderr.read()
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=1):
+                    return
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.1)
+        raise AssertionError("the server did not come up")
+
+    def get(self, path: str) -> str:
+        with urllib.request.urlopen(f"{self.url}{path}", timeout=10) as resp:
+            return resp.read().decode()
+
+    def post(self, path: str, body: bytes) -> tuple[int, dict]:
+        req = urllib.request.Request(f"{self.url}{path}", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as resp:
+                return resp.status, json.loads(resp.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    def stop(self) -> tuple[int, str]:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            code = self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        return code, self.proc.stderr.read()
+
+
+def _tokens(d: Path) -> list[list[int]]:
+    return [json.loads(x)["tokens"] for x in (d / "tokens.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("strategy", ["static", "inflight", "overlap", "pipeline", "disagg"])
+def test_each_strategy_served_gives_a_runs_tokens_and_the_clients_times_hold_the_servers(tmp_path, strategy):
+    """The client's run against ``slotbench serve --strategy S`` (simulated device, paced to the wall clock): the
+    tokens equal ``slotbench run --strategies S`` of the same trace; every request's TTFT and E2E as the client
+    measured them are at least the server's own for it (the server's clock starts its requests when they reach
+    it and stops at the engine), and the server wrote the same files as a run."""
+    server = Server(tmp_path, *SIM, "--strategy", strategy)
+    try:
+        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", *TRACE, "--warmup", "0",
+                "--out", str(tmp_path / "client"))
+        assert p.returncode == 0, p.stderr
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    p = cli("run", *SIM, "--strategies", strategy, *TRACE, "--out", str(tmp_path / "run"))
+    assert p.returncode == 0, p.stderr
+    client, served = tmp_path / "client" / "endpoint", server.out / strategy
+    assert _tokens(client) == _tokens(tmp_path / "run" / strategy)
+    for f in ("requests.parquet", "iterations.parquet", "slots.parquet", "tokens.jsonl", "vllm_bench.json"):
+        assert (served / f).is_file(), f
+    assert (server.out / "report.html").is_file() and (server.out / "summary.csv").is_file()
+    # the same request on both sides: its tokens (each request's seed draws its own)
+    c = pd.read_parquet(client / "requests.parquet").assign(tokens=[tuple(t) for t in _tokens(client)])
+    s = pd.read_parquet(served / "requests.parquet").assign(tokens=[tuple(t) for t in _tokens(served)])
+    both = c.merge(s, on="tokens", suffixes=("_client", "_server"))
+    assert len(both) == len(c) == 12
+    assert (both["ttft_ms_client"] >= both["ttft_ms_server"] - 1e-6).all()
+    assert (both["e2el_ms_client"] >= both["e2el_ms_server"] - 1e-6).all()
+
+
+def test_client_times_exceed_the_servers_by_the_http_overhead_and_metrics_match_the_run(tmp_path):
+    """In-flight batching on the CPU device (real clocks on both sides): per request the client's TTFT and E2E
+    exceed the server's by no more than the HTTP path costs — bounded by 25 ms, over a loopback round trip of
+    ~1 ms — and ``/metrics`` parses as Prometheus text whose counters equal the run directory's totals."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    server = Server(tmp_path, "--model", "tiny", "--strategy", "inflight")
+    try:
+        t = time.perf_counter()
+        for _ in range(20):
+            server.get("/health")
+        rtt_ms = (time.perf_counter() - t) / 20 * 1e3
+        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", *TRACE, "--warmup", "0",
+                "--out", str(tmp_path / "client"))
+        assert p.returncode == 0, p.stderr
+        families = {f.name: f for f in text_string_to_metric_families(server.get("/metrics"))}
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    served = server.out / "inflight"
+    c = pd.read_parquet(tmp_path / "client" / "endpoint" / "requests.parquet")
+    s = pd.read_parquet(served / "requests.parquet")
+    s = s[s["request_id"].str.startswith("cmpl-")].reset_index(drop=True)  # (the server's warm-up is its own)
+    c = c.assign(tokens=[tuple(x) for x in _tokens(tmp_path / "client" / "endpoint")])
+    s = s.assign(tokens=[tuple(x) for x in _tokens(served)][-len(s):])
+    both = c.merge(s, on="tokens", suffixes=("_client", "_server"))
+    assert len(both) == 12
+    extra = np.concatenate([both["ttft_ms_client"] - both["ttft_ms_server"],
+                            both["e2el_ms_client"] - both["e2el_ms_server"]])
+    assert extra.min() >= 0 and extra.max() < 25, (rtt_ms, extra)
+
+    def value(name: str, **labels: str) -> float:
+        return sum(x.value for x in families[name].samples if x.name.endswith("_total")
+                   and all(x.labels.get(k) == v for k, v in labels.items()))
+
+    assert value("vllm:generation_tokens") == s["output_tokens"].sum()
+    assert value("vllm:prompt_tokens") == s["input_tokens"].sum()
+    assert value("vllm:request_success", finished_reason="length") == len(s)
+    ttft = families["vllm:time_to_first_token_seconds"]
+    assert [x.value for x in ttft.samples if x.name.endswith("_count")] == [len(s)]
+
+
+def test_bad_requests_get_vllms_errors_and_the_server_keeps_serving(tmp_path):
+    server = Server(tmp_path, *SIM, "--strategy", "inflight", "--max-seq-len", "64")
+    try:
+        cases = [(b"{not json", 400, "BadRequestError"),
+                 (json.dumps({"model": "other", "prompt": [5, 6]}).encode(), 404, "NotFoundError"),
+                 (json.dumps({"model": "tiny", "prompt": [5] * 60, "max_tokens": 10}).encode(), 400,
+                  "BadRequestError"),
+                 (json.dumps({"model": "tiny", "prompt": [5, 6], "max_tokens": 0}).encode(), 400, "BadRequestError")]
+        for body, status, kind in cases:
+            got, answer = server.post("/v1/completions", body)
+            assert (got, answer["error"]["type"], answer["error"]["code"]) == (status, kind, status), answer
+        got, answer = server.post("/v1/completions", json.dumps({"model": "tiny", "prompt": "hello",
+                                                                 "max_tokens": 4}).encode())
+        assert got == 200 and answer["usage"]["completion_tokens"] == 4 and answer["choices"][0]["text"]
+        got, answer = server.post("/v1/chat/completions", json.dumps(
+            {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode())
+        assert got == 200 and answer["choices"][0]["message"]["role"] == "assistant"
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    served = pd.read_parquet(server.out / "inflight" / "requests.parquet")
+    assert list(served["status"]) == ["finished", "finished"]  # the refused ones never reached the engine
+
+
+def test_a_client_that_disconnects_frees_its_slot_and_a_killed_server_fails_the_rest(tmp_path):
+    """A streaming client that goes away after its first event: the server aborts the request (failed,
+    "aborted"), its slot tenure ends and the KV cache is empty again (/metrics). Then the server is killed
+    (SIGKILL) while a client's run is under way: the requests it had fail with the connection's error and the
+    client still writes its run directory."""
+    server = Server(tmp_path, "--model", "tiny", "--strategy", "inflight")
+    try:
+        body = json.dumps({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 200, "ignore_eos": True,
+                           "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", server.port)) as conn:
+            conn.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            got = b""
+            while b"data:" not in got:  # the headers, then the first event: the request runs
+                got += conn.recv(4096)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "vllm:kv_cache_usage_perc{" not in server.get("/metrics"):
+            time.sleep(0.05)
+        while time.monotonic() < deadline:
+            usage = [x for x in server.get("/metrics").splitlines() if x.startswith("vllm:kv_cache_usage_perc{")]
+            if usage and float(usage[0].split()[-1]) == 0.0:
+                break
+            time.sleep(0.05)
+        assert float(usage[0].split()[-1]) == 0.0, usage
+    finally:
+        code, err = server.stop()
+    assert code == 0, err
+    served = pd.read_parquet(server.out / "inflight" / "requests.parquet")
+    aborted = served[served["request_id"] == "cmpl-0"].iloc[0]
+    assert aborted["status"] == "failed" and "disconnected" in aborted["finish_reason"]
+    assert 0 < aborted["output_tokens"] < 200
+    slots = pd.read_parquet(server.out / "inflight" / "slots.parquet")
+    assert (slots.loc[slots["request_id"] == "cmpl-0", "end"] == "finished").all()  # given back
+
+    server = Server(tmp_path / "again", "--model", "tiny", "--strategy", "inflight")
+    killer = subprocess.Popen([sys.executable, "-c", f"import os, signal, time; time.sleep(1.5); "
+                               f"os.kill({server.proc.pid}, signal.SIGKILL)"])
+    try:
+        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", "--num-prompts", "40",
+                "--request-rate", "10", "--input-len", "16", "--output-len", "8", "--ignore-eos", "--warmup", "0",
+                "--no-progress", "--out", str(tmp_path / "client"))
+    finally:
+        killer.wait()
+        server.proc.wait()
+    req = pd.read_parquet(tmp_path / "client" / "endpoint" / "requests.parquet")
+    assert p.returncode == 0, p.stderr  # the client's run itself completed: the server's failures are records
+    assert (req["status"] == "finished").sum() > 0 and (req["status"] == "failed").sum() > 0
+    assert req.loc[req["status"] == "failed", "finish_reason"].str.len().gt(0).all()
+
+
+def test_a_server_that_is_down_is_one_line_and_exit_2(tmp_path):
+    p = cli("run", "--endpoint", f"http://127.0.0.1:{_free_port()}/v1", "--model", "tiny", "--out",
+            str(tmp_path / "x"))
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "does not answer" in p.stderr, p.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_the_byte_tokenizer_round_trips_text():
+    from harness.serve.tokenizer import ByteTokenizer
+
+    tok = ByteTokenizer(512)
+    text = "héllo, wörld"
+    assert tok.decode(tok.encode(text)) == text and max(tok.encode(text)) < 259
+    assert tok.decode([3 + ord("a"), 400, 3 + ord("b")]) == "a<400>b"
+
+
+
+def _char_checkpoint(d: Path) -> Path:
+    """A Llama of 320 ids with seeded random weights and a tokenizer of one character per id (ids 0-2 its
+    specials), so that text and ids round-trip exactly — what a client re-tokenising a server's text needs."""
+    import torch
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{chr(0x4E00 + i): i + 3 for i in range(317)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=320, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1, eos_token_id=2,
+                      pad_token_id=0)
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast.save_pretrained(d)
+    return d
+
+
+def test_a_third_party_server_transformers_serve_gives_hugging_faces_greedy_tokens(tmp_path):
+    """`transformers serve` (continuous batching, CPU) with a checkpoint made here: slotbench's client sends the
+    trace as text (--tokenizer), counts and re-tokenises what streams back, and gets Hugging Face ``generate``'s
+    greedy tokens for every request; the run's records and report are complete (no engine records: an external
+    server has none)."""
+    import shutil
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ck = _char_checkpoint(tmp_path / "ck")
+    port = _free_port()
+    exe = shutil.which("transformers") or str(Path(sys.executable).parent / "transformers")
+    proc = subprocess.Popen([exe, "serve", str(ck), "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1",
+                             "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1):
+                    break
+            except (urllib.error.URLError, OSError):
+                assert time.monotonic() < deadline, "transformers serve did not come up"
+                time.sleep(0.25)
+        p = cli("run", "--endpoint", f"http://127.0.0.1:{port}/v1", "--model", str(ck), "--tokenizer", str(ck),
+                "--num-prompts", "6", "--input-len", "12", "--output-len", "6", "--temperature", "0", "--warmup", "0",
+                "--no-progress", "--out", str(tmp_path / "run"))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert p.returncode == 0, p.stderr
+    d = tmp_path / "run" / "endpoint"
+    req = pd.read_parquet(d / "requests.parquet")
+    assert (req["status"] == "finished").all() and req["ttft_ms"].gt(0).all()
+    assert (tmp_path / "run" / "report.html").is_file()
+    assert json.loads((d / "vllm_bench.json").read_text())["completed"] == 6
+    tok, model = AutoTokenizer.from_pretrained(ck), AutoModelForCausalLM.from_pretrained(ck).eval()
+    from harness.options import RunOptions
+    from harness.plan import make_trace
+    from harness.runner import build_requests
+
+    opts = RunOptions(model=str(ck), num_prompts=6, input_len=12, output_len=6, temperature=0.0)  # as run above
+    sent = build_requests(list(make_trace(opts).requests), opts.sampling_defaults(), 320, opts.seed)
+    special = {0, 1, 2}
+    for got, r in zip(_tokens(d), sent, strict=True):
+        text = tok.decode(r.prompt_token_ids.tolist())  # what the client sent, tokenised as the server does
+        with torch.no_grad():
+            out = model.generate(torch.tensor([tok(text)["input_ids"]]), max_new_tokens=r.max_new_tokens,
+                                 do_sample=False)
+        want = [t for t in out[0, len(tok(text)["input_ids"]):].tolist() if t not in special]
+        assert [t for t in got if t not in special] == want
