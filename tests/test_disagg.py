@@ -83,8 +83,9 @@ def test_tokens_equal_one_request_alone(kw):
     s = run_strategy("disagg", TINY64, model, _config(**kw), requests, keep_open=True)
     try:
         _assert_all_returned(s)
-        if kw.get("cpu_device") == "thread":  # the relay: each decode worker uploaded from the prefill worker's
-            # host half, its own never written by the host's loop (it was, before the relay's copies went async)
+        if kw.get("device_memory") == "split" and kw.get("cpu_device") == "thread":  # the relay: each decode
+            # worker uploaded from the prefill worker's host half, its own never written by the host's loop (it
+            # was, before the relay's copies went async; in shared memory a host half is its device half)
             assert all(not w.engine.kv_staging.host.any() for w in s.decode)
     finally:
         s.close()
@@ -183,11 +184,11 @@ def test_a_transfer_that_fails_on_the_receiver_fails_only_that_worker(monkeypatc
     receives: dict[int, int] = {}
     real = Engine.kv_recv
 
-    def flaky(self, n, peer=None):
+    def flaky(self, n, peer=None, source=None):
         receives[id(self)] = receives.get(id(self), 0) + 1
         if receives[id(self)] == 3 and self is flaky.decode0:
             raise RuntimeError("link down")
-        return real(self, n, peer)
+        return real(self, n, peer, source)
 
     monkeypatch.setattr(Engine, "kv_recv", flaky)
     requests = make_requests(_specs(16))
@@ -439,9 +440,13 @@ def test_a_fleet_builds_each_engine_on_its_device(monkeypatch):
 
     class Engine:  # stands in for the in-flight strategy a worker is: records its config, builds nothing
         def __init__(self, model_cfg, model, config, clock, role):
+            from types import SimpleNamespace
+
             built.append((role.label, config.device, config.devices))
             self.label, self.role, self.config = role.label, role, config
             self.stream = self.slots = None
+            staging = SimpleNamespace(memory=SimpleNamespace(share=lambda host: None), host=None)
+            self.engine = SimpleNamespace(kv_staging=staging)
 
         def close(self):
             pass

@@ -121,12 +121,12 @@ def test_blocks_that_never_came_blame_the_sender(monkeypatch):
     calls = []
     real = KVStaging.receive
 
-    def lossy(self, n, k, v, peer):
+    def lossy(self, n, k, v, peer, source=None):
         calls.append(n)
         if len(calls) == 3:
             self.received.np[0] = 0  # thread device, shared memory: the flag the host reads
             return
-        real(self, n, k, v, peer)
+        real(self, n, k, v, peer, source)
 
     monkeypatch.setattr(KVStaging, "receive", lossy)
     requests = make_requests(_specs(16))

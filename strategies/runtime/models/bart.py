@@ -147,9 +147,9 @@ class BartModel(nn.Module):
         encoder length as host ints ``cross_lens`` (a context chunk's kernel shapes) and on the device
         ``cross_len [R]`` (the generation rows' mask)."""
         # (an encoder–decoder step keeps its chunks whole: their cross-attention is per chunk)
-        ctx_kv, rows, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
-                                                      num_ctx_tokens, gen_kmax, tokens_per_block, last_token,
-                                                      cache_indirection, max_beam, k_pools, False)
+        ctx_kv, self_rows, gen_kv, gen_mask = step_indices(tokens, block_table, ctx_starts, ctx_lens, ctx_pos0,
+                                                           num_ctx_tokens, gen_kmax, tokens_per_block, last_token,
+                                                           cache_indirection, max_beam, k_pools, False)
         token_ids, positions = tokens[:, 0], tokens[:, 1]
         t = tokens.size(0)
         dev = tokens.device
@@ -170,7 +170,7 @@ class BartModel(nn.Module):
         layer = 0
         for block in self.decoder.layers:
             x = block(x, k_pools[layer], v_pools[layer], tokens[:, 3], ctx_starts, ctx_lens, ctx_pos0, ctx_kv,
-                      num_ctx_tokens, rows, gen_kv, gen_mask, ck_pools[layer], cv_pools[layer], encoded, fill_dst,
+                      num_ctx_tokens, self_rows, gen_kv, gen_mask, ck_pools[layer], cv_pools[layer], encoded, fill_dst,
                       cross_ctx, cross_gen_kv, cross_gen_mask)
             layer += 1  # noqa: SIM113 - TorchScript indexes the pools by a plain int
         logits = self.lm_head(x[sample_rows]) + self.final_logits_bias  # [B, V]
