@@ -11,6 +11,7 @@ Layout (all times are seconds since the run start on one monotonic clock)::
     OUT/<strategy>/slots.parquet       one row per slot tenure (who held which request slot when)
     OUT/<strategy>/timeline.json       Chrome trace: host and device lanes
     OUT/<strategy>/slices.csv          with --slice-duration: each time window's metrics
+    OUT/endpoint/server_metrics.parquet  with --endpoint --scrape-interval: the server's /metrics over time
     OUT/<strategy>/vllm_bench.json     the strategy's run as `vllm bench serve --save-result --save-detailed`
 
 The directory is assembled beside OUT and renamed into place at the end, so an existing OUT is never

@@ -16,6 +16,9 @@ CDF_POINTS = 200
 TIME_BINS = 100
 GANTT_ITERATIONS = 24
 SLICED = ("p50_ttft_ms", "requests_in_flight")  # over-time panels drawn from slices.csv
+# over-time panels drawn from an external server's /metrics (run --endpoint --scrape-interval)
+SERVER = (("Server: running requests", "running"), ("Server: waiting requests", "waiting"),
+          ("Server: KV cache usage (0-1)", "kv_cache_usage"), ("Server: preemptions (cumulative)", "preemptions"))
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
 
 
@@ -102,6 +105,8 @@ def over_time(runs: list[RunData]) -> go.Figure:
     if any(r.slices for r in runs):
         panels += [("Median TTFT per time slice (ms, requests ending in it)", "p50_ttft_ms"),
                    ("Requests in flight per time slice (mean)", "requests_in_flight")]
+    if any(r.server for r in runs):
+        panels += list(SERVER)
     grid = Grid(len(panels), titles=[p for p, _ in panels], shared_xaxes=True,
                 vertical_spacing=0.05 if len(panels) <= 5 else 0.035)
     colors, multi = strategy_colors(runs), len(runs) > 1
@@ -112,6 +117,8 @@ def over_time(runs: list[RunData]) -> go.Figure:
         for i, (_, col) in enumerate(panels):
             if col is None:
                 x, y = _binned(tok, tok, t_max, "rate")
+            elif col in dict(SERVER).values():  # (drawn below, from a server's /metrics)
+                continue
             elif col in SLICED:
                 if sl is None or col not in sl:
                     continue
@@ -119,6 +126,18 @@ def over_time(runs: list[RunData]) -> go.Figure:
             else:
                 x, y = _binned(t, series[col] if col in series else it[col].to_numpy(float), t_max, "mean")
             _line(grid, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
+    for run in runs:  # an external server's (run --endpoint): its throughput from the tokens, and its /metrics
+        for strategy in run.requests:
+            if strategy in run.iterations and not run.iterations[strategy].empty:
+                continue
+            tok, color = run.token_times.get(strategy, np.array([])), colors[(run.name, strategy)]
+            if len(tok):
+                _line(grid, *_binned(tok, tok, float(tok.max()), "rate"), run, strategy, color, multi, 1)
+            scraped = run.server.get(strategy)
+            for i, (_, col) in enumerate(panels):
+                if scraped is not None and col in dict(SERVER).values() and col in scraped:
+                    _line(grid, scraped["time_s"].to_numpy(float), scraped[col].to_numpy(float), run, strategy,
+                          color, multi, i + 1)
     grid.xaxis(len(panels))["title"] = {"text": "run time (s)"}
     return grid.figure("Over time", 220 * len(panels))
 

@@ -35,6 +35,8 @@ def load_run(path: Path, name: str | None = None, frames: dict[str, StrategyFram
             continue
         if (d / "slices.csv").is_file():  # written with --slice-duration
             data.slices[strategy] = pd.read_csv(d / "slices.csv")
+        if (d / "server_metrics.parquet").is_file():  # written by run --endpoint --scrape-interval
+            data.server[strategy] = pd.read_parquet(d / "server_metrics.parquet")
         held = (frames or {}).get(strategy)
         if held is not None:
             data.requests[strategy], data.iterations[strategy] = held.requests, held.iterations

@@ -35,4 +35,7 @@ class RunData:
     itl_ms: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → pooled inter-token gaps
     token_times: dict[str, np.ndarray] = field(default_factory=dict)  # strategy → every token's time
     slices: dict[str, pd.DataFrame] = field(default_factory=dict)  # strategy → slices.csv (--slice-duration)
+    # strategy → server_metrics.parquet (run --endpoint --scrape-interval): time_s and the server's running,
+    # waiting, kv_cache_usage, preemptions, prompt_tokens, generation_tokens as its /metrics said then
+    server: dict[str, pd.DataFrame] = field(default_factory=dict)
     compare: pd.DataFrame | None = None  # compare.csv (`slotbench compare`: predicted against measured)

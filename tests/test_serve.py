@@ -122,7 +122,7 @@ def test_client_times_exceed_the_servers_by_the_http_overhead_and_metrics_match_
             server.get("/health")
         rtt_ms = (time.perf_counter() - t) / 20 * 1e3
         p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", *TRACE, "--warmup", "0",
-                "--out", str(tmp_path / "client"))
+                "--scrape-interval", "0.05", "--out", str(tmp_path / "client"))
         assert p.returncode == 0, p.stderr
         families = {f.name: f for f in text_string_to_metric_families(server.get("/metrics"))}
     finally:
@@ -149,6 +149,11 @@ def test_client_times_exceed_the_servers_by_the_http_overhead_and_metrics_match_
     assert value("vllm:request_success", finished_reason="length") == len(s)
     ttft = families["vllm:time_to_first_token_seconds"]
     assert [x.value for x in ttft.samples if x.name.endswith("_count")] == [len(s)]
+    # the client read the server's /metrics over the run: its over-time figure draws them
+    scraped = pd.read_parquet(tmp_path / "client" / "endpoint" / "server_metrics.parquet")
+    assert {"time_s", "running", "waiting", "kv_cache_usage", "preemptions"} <= set(scraped.columns)
+    assert scraped["time_s"].is_monotonic_increasing and scraped["running"].max() >= 1
+    assert "Server: running requests" in (tmp_path / "client" / "report.html").read_text()
 
 
 def test_bad_requests_get_vllms_errors_and_the_server_keeps_serving(tmp_path):

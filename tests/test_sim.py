@@ -147,12 +147,13 @@ def test_calibrated_simulation_tracks_the_real_run_on_tiny(tmp_path):
     misses = []
     for attempt in range(2):
         real, sim = tmp_path / f"real{attempt}", tmp_path / f"sim{attempt}"
-        assert cli("run", "--model", "tiny", *common, "--out", str(real)).returncode == 0
-        p = cli("calibrate", str(real))
+        # (a fresh interpreter each, env={}: a real run's timing, not one shaped by this test process's state)
+        assert cli("run", "--model", "tiny", *common, "--out", str(real), env={}).returncode == 0
+        p = cli("calibrate", str(real), env={})
         assert p.returncode == 0, p.stderr
         assert (real / "device-profile.json").is_file()
         p = cli("run", "--device", "sim", "--profile", str(real / "device-profile.json"), "--model-spec", "tiny",
-                *common, "--warmup", "0", "--out", str(sim))
+                *common, "--warmup", "0", "--out", str(sim), env={})
         assert p.returncode == 0, p.stderr
         assert json.loads((sim / "run.json").read_text())["host_time"] == "measured"
         a = pd.read_csv(real / "summary.csv").set_index("strategy")
