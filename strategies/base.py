@@ -118,7 +118,7 @@ class Strategy(Executor):
         if r in self.waiting:
             self.waiting.remove(r)
         elif not self.holds_finished_rows:
-            self._release(r)
+            self._release(r, "aborted")
         r.end(Status.FAILED, reason, self.clock.now())
         self.source.on_finished(r)
 

@@ -18,9 +18,9 @@
 ``iterations.parquet``: the fields of ``strategies.runtime.iteration.IterationRecord``.
 ``slots.parquet`` (one row per slot tenure: a request's hold on a slot from admission to release):
   request_id, slot, width (beams), start_iteration, decode_iteration (first step after the prefill; -1 if it
-  never ended), end_iteration (last step that computed it), end (finished | preempted | running; disagg: handed
-  off | cancelled), worker (fleets: whose slot; "" otherwise): the fields of
-  ``strategies.runtime.buffers.slots.SlotTenure``.
+  never ended), end_iteration (last step that computed it), end (finished | preempted | running | aborted:
+  serve's client went away; disagg: handed off | cancelled), worker (fleets: whose slot; "" otherwise): the
+  fields of ``strategies.runtime.buffers.slots.SlotTenure``.
 ``tokens.jsonl``: {"request_id", "tokens": [int], "times_s": [float]} per request. For a beam-search
 request ``tokens`` is the best finished sequence; with num_return_sequences > 1 a ``beams`` list holds
 each returned sequence as {"tokens", "score"} (score: HF's length-penalised log-probability), best first.

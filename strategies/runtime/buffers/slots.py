@@ -28,7 +28,7 @@ class SlotTenure:
     start_iteration: int  # the first step that computes it (the step whose schedule admitted it)
     decode_iteration: int = -1  # the first step after its prefill's last chunk (-1: the prefill never ended)
     end_iteration: int = -1  # the last step that computed a row of it before release (-1: still held)
-    end: str = "running"  # finished | preempted | running (still held when the run stopped) | handed off | cancelled
+    end: str = "running"  # finished | preempted | running (held at the end) | handed off | cancelled | aborted
     worker: str = ""  # disaggregated serving: whose slot (prefill0, decode1, ...)
 
 
