@@ -12,25 +12,25 @@ from __future__ import annotations
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from strategies.runtime.kv.paged_attention import attention_indices, paged_attention
+from strategies.runtime.kv.paged_attention import ROW_CHUNK_MAX, attention_indices, paged_attention
 
 ROWS, K, LAYERS, TPB = 64, 4, 32, 16
 HEADS, KV_HEADS, DIM = 8, 2, 16
 
 
-def _step() -> tuple:
-    """64 verify chunks of K + 1 tokens at positions 90-153, each request on blocks of its own."""
+def _step(k: int = K) -> tuple:
+    """64 verify chunks of k + 1 tokens at positions 90-153, each request on blocks of its own."""
     g = torch.Generator().manual_seed(0)
     starts, lens, pos0 = [], [], []
     blocks_per_row = 12
     tokens, table = [], torch.zeros(ROWS, blocks_per_row, dtype=torch.long)
     for i in range(ROWS):
         p0 = 90 + i
-        starts.append(i * (K + 1))
-        lens.append(K + 1)
+        starts.append(i * (k + 1))
+        lens.append(k + 1)
         pos0.append(p0)
         table[i] = torch.arange(i * blocks_per_row, (i + 1) * blocks_per_row)
-        for j in range(K + 1):
+        for j in range(k + 1):
             p = p0 + j
             tokens.append([0, p, i, int(table[i, p // TPB]) * TPB + p % TPB])
     tokens = torch.tensor(tokens)  # [T, 4]
@@ -43,10 +43,10 @@ def _step() -> tuple:
     return tokens, table, starts, lens, pos0, q, k, v, k_pool, v_pool
 
 
-def _layer(batch_chunks: bool) -> tuple[torch.Tensor, dict[str, int]]:
+def _layer(batch_chunks: bool, drafts: int = K) -> tuple[torch.Tensor, dict[str, int]]:
     """One layer's attention over the step (its indices made once a step, as the model does), and the
     operators it ran, by name."""
-    tokens, table, starts, lens, pos0, q, k, v, k_pool, v_pool = _step()
+    tokens, table, starts, lens, pos0, q, k, v, k_pool, v_pool = _step(drafts)
     t = tokens.size(0)
     no_beams = torch.empty((0, 0), dtype=torch.long)
     ctx_kv, rows, row_kv, row_mask = attention_indices(tokens, table, starts, lens, pos0, t, 0, TPB, no_beams, 1,
@@ -70,3 +70,12 @@ def test_verify_chunks_attend_in_one_call_per_layer():
           f"{per_chunk[sdpa] * LAYERS} -> {once[sdpa] * LAYERS}; operators per step {before * LAYERS} -> "
           f"{after * LAYERS}")
     assert after * 10 < before
+
+
+def test_chunks_up_to_row_chunk_max_attend_as_rows_and_longer_ones_alone():
+    """The scripted rule's limit is ``ROW_CHUNK_MAX`` (a literal inside the scripted function): chunks of that
+    many tokens share one call, one token more and each chunk has its own."""
+    _, at_limit = _layer(True, ROW_CHUNK_MAX - 1)
+    _, past = _layer(True, ROW_CHUNK_MAX)
+    sdpa = "aten::scaled_dot_product_attention"
+    assert at_limit[sdpa] == 1 and past[sdpa] == ROWS
