@@ -31,6 +31,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         opts = dataclasses.replace(options_from_args(args), strategies=(args.strategy,))
     except ValueError as exc:
         raise UserError(str(exc)) from None
+    if args.strategy.startswith("hf-"):
+        raise UserError(f"--strategy {args.strategy}: serve runs slotbench's own strategies (static, inflight, "
+                        "overlap, pipeline, disagg)")
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: expected 1-65535")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("serve-%Y%m%d-%H%M%S")
