@@ -218,8 +218,8 @@ def test_a_client_that_disconnects_frees_its_slot_and_a_killed_server_fails_the_
     killer = subprocess.Popen([sys.executable, "-c", f"import os, signal, time; time.sleep(1.5); "
                                f"os.kill({server.proc.pid}, signal.SIGKILL)"])
     try:
-        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", "--num-prompts", "40",
-                "--request-rate", "10", "--input-len", "16", "--output-len", "8", "--ignore-eos", "--warmup", "0",
+        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", "--num-prompts", "30",
+                "--request-rate", "12", "--input-len", "16", "--output-len", "8", "--ignore-eos", "--warmup", "0",
                 "--no-progress", "--out", str(tmp_path / "client"))
     finally:
         killer.wait()
