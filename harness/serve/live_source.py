@@ -73,16 +73,17 @@ class LiveSource:
         with self._cond:
             if self._closed:
                 raise ServerClosing("the server is shutting down")
+            aborts, self._aborts = self._aborts, []
+            held = [(r, reason) for r, reason in aborts if r in self._arrived]  # not handed to the engine yet
+            for r, _ in held:
+                self._arrived.remove(r)
             out = []
             while self._arrived and self._arrived[0].arrival_s <= now_s:
                 out.append(self._arrived.popleft())
-            aborts, self._aborts = self._aborts, []
+        for r, reason in held:
+            r.end(Status.FAILED, reason, now_s)
         for r, reason in aborts:
-            if r in out:  # not handed to the engine yet
-                out.remove(r)
-                r.end(Status.FAILED, reason, now_s)
-                self.on_finished(r)
-            else:
+            if not r.status.terminal:
                 assert self.executor is not None
                 self.executor.abort(r, reason)
         self.notify()
