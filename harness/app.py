@@ -74,9 +74,7 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     log = log or (lambda msg: print(msg, file=sys.stderr))
     prepare_out(out, force)
     plan = resolve_plan(opts, log)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    staging.chmod(0o755)
+    staging = staging_dir(out)
     measured = Measured()
     with frozen_heap():
         try:
@@ -86,6 +84,14 @@ def execute(opts: RunOptions, out: Path, *, force: bool = False, progress: bool 
     runs = measured.runs
     code = EXIT_INTERRUPTED if any(r.interrupted for r in runs) else EXIT_FAULT if any(r.error for r in runs) else 0
     return RunOutcome(out, summary, code, measured.notes)
+
+
+def staging_dir(out: Path) -> Path:
+    """Where ``out`` is assembled, beside it (``write_run`` renames it into place)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging.chmod(0o755)
+    return staging
 
 
 def write_run(staging: Path, out: Path, plan: Plan, measured: Measured, report: bool,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from harness.options import RunOptions
 from harness.options.endpoint import ENDPOINT
 from harness.output.rejections import rejection_note
 from harness.output.strategy_dir import write_strategy
@@ -29,6 +30,16 @@ class Measured:
     frames: dict[str, StrategyFrames] = field(default_factory=dict)  # what was written, for the report
     notes: list[str] = field(default_factory=list)  # printed under the summary (rejections)
 
+    def add(self, staging: Path, run: StrategyRun, opts: RunOptions) -> None:
+        """``run`` written into ``staging/<strategy>/``, and kept: its summary row, its frames, its note."""
+        self.runs.append(run)
+        with collector_paused():
+            row, self.frames[run.name] = write_strategy(staging, run, opts)
+        self.rows.append(row)
+        note = rejection_note(run.name, run.requests)
+        if note:
+            self.notes.append(note)
+
 
 def run_strategies(plan: Plan, staging: Path, measured: Measured, *, progress: bool,
                    fault: tuple[str, int] | None, log: Callable[[str], None]) -> None:
@@ -45,13 +56,7 @@ def run_strategies(plan: Plan, staging: Path, measured: Measured, *, progress: b
                            fault_at_iteration=fault[1] if fault and fault[0] == name else None,
                            profile_iters=opts.profile_range(), cls=plan.client if name == ENDPOINT else None)
         bar.close()
-        measured.runs.append(run)
-        with collector_paused():
-            row, measured.frames[name] = write_strategy(staging, run, opts)
-        measured.rows.append(row)
-        note = rejection_note(name, run.requests)
-        if note:
-            measured.notes.append(note)
+        measured.add(staging, run, opts)
         if run.error:
             log(f"error: {name} stopped early: {run.error}")
         if run.interrupted:

@@ -98,16 +98,34 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
     with ``config.device_threads`` torch threads (on a device that runs torch) whatever ran before it, and
     leaves the process's thread count and switch interval as it found them. ``cls``: the executor, where it is
     not the registry's ``name`` (an endpoint client)."""
-    cls = cls or get_strategy(name)
-    if config.num_replicas > 1 and name != "disagg":  # disagg's engines are its prefill and decode workers
-        from strategies.fleet import replicated
-
-        cls = replicated(cls)
+    cls = cls or executor_class(name, config)
     budget = nullcontext(0) if config.device == "sim" else compute_budget(config.device_threads)
     with budget as threads:
         run = _run(cls, model_cfg, model, config, requests, max_concurrency, warmup, on_end, fault_at_iteration,
                    profile_iters)
     return replace(run, torch_threads=threads)
+
+
+def executor_class(name: str, config: ExecutorConfig) -> type[Executor]:
+    """The executor that runs strategy ``name``: the registry's, or N replicas of it (``--num-replicas``;
+    disagg's engines are its prefill and decode workers)."""
+    cls = get_strategy(name)
+    if config.num_replicas > 1 and name != "disagg":
+        from strategies.fleet import replicated
+
+        cls = replicated(cls)
+    return cls
+
+
+def warm_up(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
+            warmup: list[Request]) -> None:
+    """``warmup`` through an executor of its own (the first steps at new shapes compile and profile), closed
+    after: nothing of it is measured."""
+    w = cls(model_cfg, model, config)
+    try:
+        w.run(TraceSource(warmup))
+    finally:
+        w.close()
 
 
 def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
@@ -118,11 +136,7 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
     t = time.perf_counter()
     try:
         if warmup:
-            w = cls(model_cfg, model, config)
-            try:
-                w.run(TraceSource(warmup))
-            finally:
-                w.close()
+            warm_up(cls, model_cfg, model, config, warmup)
             warmup_s = time.perf_counter() - t
         clock = make_clock(config)
         strategy = cls(model_cfg, model, config, clock)

@@ -11,12 +11,10 @@ from collections.abc import Callable
 from harness.context_length import resolve_max_seq_len
 from harness.options import RunOptions
 from harness.plan import check_draft_model, load_model, resolve_executor
-from harness.runner import StrategyRun, build_requests
+from harness.runner import StrategyRun, build_requests, executor_class, warm_up
 from harness.serve.live_source import LiveSource, ServerClosing
-from harness.source import TraceSource
 from harness.traces.trace import Trace, TraceRequest
 from strategies.interface import Executor, make_clock
-from strategies.registry import get_strategy
 from strategies.runtime.request import Request, Status
 
 
@@ -29,12 +27,12 @@ class ServedEngine:
         self.opts = opts = resolve_max_seq_len(opts, self.model_cfg)
         check_draft_model(opts, self.model_cfg)
         self.executor, self.sim_info = resolve_executor(opts)
-        cls = get_strategy(self.name)
-        if self.executor.num_replicas > 1 and self.name != "disagg":
-            from strategies.fleet import replicated
-
-            cls = replicated(cls)
-        self._warm_up(cls, model)
+        cls = executor_class(self.name, self.executor)
+        if opts.warmup:  # (as `slotbench run` warms up, with requests of the options' lengths)
+            warm = [TraceRequest(0.0, min(opts.input_len, opts.max_seq_len // 2), min(opts.output_len, 16))]
+            warm_up(cls, self.model_cfg, model, self.executor,
+                    build_requests(warm * opts.warmup, opts.sampling_defaults(), self.model_cfg.vocab_size,
+                                   opts.seed + 1, "warmup-"))
         self.clock = make_clock(self.executor)
         self.strategy: Executor = cls(self.model_cfg, model, self.executor, self.clock)
         self.source = LiveSource(self.clock, self.executor.device == "sim", notify)
@@ -44,20 +42,6 @@ class ServedEngine:
         self.error: str | None = None  # why the engine stopped before the shutdown, if it did
         self.wall_s = 0.0
         self._thread = threading.Thread(target=self._serve, name="slotbench-engine", daemon=True)
-
-    def _warm_up(self, cls: type[Executor], model: object) -> None:
-        """``--warmup`` requests through an executor of their own first (the first steps at new shapes compile
-        and profile), as ``slotbench run`` does."""
-        o = self.opts
-        if not o.warmup:
-            return
-        warm = [TraceRequest(0.0, min(o.input_len, o.max_seq_len // 2), min(o.output_len, 16))] * o.warmup
-        w = cls(self.model_cfg, model, self.executor)
-        try:
-            w.run(TraceSource(build_requests(warm, o.sampling_defaults(), self.model_cfg.vocab_size, o.seed + 1,
-                                             "warmup-")))
-        finally:
-            w.close()
 
     def start(self) -> None:
         self.source.start()

@@ -7,16 +7,14 @@ import asyncio
 import contextlib
 import signal
 import sys
-import tempfile
 from pathlib import Path
 
 from aiohttp import web
 
-from harness.app import prepare_out, write_run
+from harness.app import prepare_out, staging_dir, write_run
 from harness.errors import UserError
 from harness.measure import Measured
 from harness.options import RunOptions
-from harness.output.strategy_dir import write_strategy
 from harness.plan import Plan
 from harness.serve.app import FrontEnd
 from harness.serve.engine import ServedEngine
@@ -73,11 +71,7 @@ def _write(out: Path, engine: ServedEngine, run: object) -> None:
     opts = engine.run_options()
     plan = Plan(opts, engine.trace(), engine.model_cfg, None, engine.executor, engine.sim_info,
                 opts.sampling_defaults(), [])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    staging.chmod(0o755)
-    measured = Measured(runs=[run])
-    row, frames = write_strategy(staging, run, opts)
-    measured.rows.append(row)
-    measured.frames[engine.name] = frames
+    staging = staging_dir(out)
+    measured = Measured()
+    measured.add(staging, run, opts)
     write_run(staging, out, plan, measured, True, lambda msg: print(msg, file=sys.stderr))
