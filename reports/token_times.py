@@ -58,6 +58,17 @@ class TokenTimes:
         g = self.gaps(rows)
         return g[g > 0]
 
+    def chunk_times(self, rows: np.ndarray) -> np.ndarray:
+        """[C] the time of each streamed chunk of the requests where ``rows`` [R] is true: each one's first token,
+        then every token that ends a gap (``chunk_gaps``' later ends): the times a client sees, as vLLM rebuilds
+        them from ``ttft`` and ``itls``."""
+        times = self.tokens(rows)  # [N]
+        keep = np.ones(len(times), dtype=bool)
+        keep[1:] = times[1:] != times[:-1]
+        counts = self.counts[rows]  # [R']
+        keep[(np.cumsum(counts) - counts)[counts > 0]] = True  # each request's first token, whatever came before
+        return times[keep]
+
     def chunk_gaps_per_request(self) -> list[np.ndarray]:
         """``chunk_gaps`` split by request, in row order (a request with fewer than two chunks: empty)."""
         if not len(self.counts):  # (np.split of nothing is one empty piece)

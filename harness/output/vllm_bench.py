@@ -61,7 +61,7 @@ def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: 
         "generated_texts": [""] * len(requests),  # slotbench has token ids, not text
         "errors": ["" if good else str(reason) for good, reason in zip(ok, requests["finish_reason"], strict=True)],
     })
-    out.update(_peaks(arrival[ok], finish[ok], _chunk_times(token_times, ok)))
+    out.update(_peaks(arrival[ok], finish[ok], token_times.chunk_times(ok)))
     for metric in LATENCY_METRICS:
         for stat in ("mean", "median", "std"):
             out[f"{stat}_{metric}_ms"] = summary_row.get(f"{stat}_{metric}_ms")
@@ -69,18 +69,6 @@ def vllm_result(strategy: str, model: str, requests: pd.DataFrame, token_times: 
             if key.startswith("p") and key.endswith(f"_{metric}_ms"):
                 out[key] = value
     return out
-
-
-def _chunk_times(token_times: TokenTimes, rows: np.ndarray) -> np.ndarray:
-    """[C] the time of each streamed chunk of the requests where ``rows`` [R] is true: a request's first token,
-    then each token whose time differs from the one before it (tokens handed out together are one chunk, one
-    time, as a client sees them and vLLM rebuilds them from ``ttft`` and ``itls``)."""
-    times = token_times.tokens(rows)  # [N]
-    counts = token_times.counts[rows] if not rows.all() else token_times.counts  # [R']
-    keep = np.ones(len(times), dtype=bool)
-    keep[1:] = times[1:] != times[:-1]
-    keep[(np.cumsum(counts) - counts)[counts > 0]] = True  # each request's first token, whatever the one before
-    return times[keep]
 
 
 def _peaks(start: np.ndarray, end: np.ndarray, chunks: np.ndarray) -> dict:
