@@ -122,7 +122,7 @@ def test_client_times_exceed_the_servers_by_the_http_overhead_and_metrics_match_
             server.get("/health")
         rtt_ms = (time.perf_counter() - t) / 20 * 1e3
         p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", *TRACE, "--warmup", "0",
-                "--scrape-interval", "0.05", "--out", str(tmp_path / "client"))
+                "--scrape-interval", "0.01", "--out", str(tmp_path / "client"))
         assert p.returncode == 0, p.stderr
         families = {f.name: f for f in text_string_to_metric_families(server.get("/metrics"))}
     finally:

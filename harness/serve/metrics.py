@@ -13,8 +13,7 @@ Labels ``model_name`` and ``engine="0"``, as vLLM's.
 
 from __future__ import annotations
 
-import threading
-from bisect import bisect_left
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from strategies.interface import Executor
 from strategies.runtime.request import Request, Status
@@ -25,25 +24,7 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
                 80.0)
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
-
-
-class Histogram:
-    def __init__(self, buckets: tuple[float, ...]) -> None:
-        self.buckets = buckets
-        self.counts = [0] * (len(buckets) + 1)  # the last: above every bound
-        self.sum = 0.0
-
-    def observe(self, x: float) -> None:
-        self.counts[bisect_left(self.buckets, x)] += 1
-        self.sum += x
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        out, total = [f"# TYPE {name} histogram"], 0
-        for bound, n in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            total += n
-            le = "+Inf" if bound == float("inf") else repr(float(bound))
-            out.append(f'{name}_bucket{{{labels},le="{le}"}} {total}')
-        return [*out, f"{name}_sum{{{labels}}} {self.sum!r}", f"{name}_count{{{labels}}} {total}"]
+LABELS = ("model_name", "engine")
 
 
 def _workers(executor: Executor) -> list:
@@ -52,64 +33,62 @@ def _workers(executor: Executor) -> list:
 
 class ServerMetrics:
     def __init__(self, model_name: str) -> None:
-        self.labels = f'model_name="{model_name}",engine="0"'
-        self._lock = threading.Lock()
-        self.gauges = {"vllm:num_requests_running": 0.0, "vllm:num_requests_waiting": 0.0,
-                       "vllm:kv_cache_usage_perc": 0.0}
-        self.counters = {"vllm:prompt_tokens": 0, "vllm:generation_tokens": 0, "vllm:prefix_cache_queries": 0,
-                         "vllm:prefix_cache_hits": 0, "vllm:num_preemptions": 0}
-        self.success: dict[str, int] = {"stop": 0, "length": 0}
-        self.histograms = {"vllm:time_to_first_token_seconds": Histogram(TTFT_BUCKETS),
-                           "vllm:time_per_output_token_seconds": Histogram(TPOT_BUCKETS),
-                           "vllm:e2e_request_latency_seconds": Histogram(LATENCY_BUCKETS),
-                           "vllm:request_queue_time_seconds": Histogram(LATENCY_BUCKETS)}
+        self.registry = CollectorRegistry()  # the server's own (prometheus_client's metrics are thread-safe)
+        lab = {"model_name": model_name, "engine": "0"}
+
+        def make(kind: type, name: str, doc: str, **kw: object):  # one metric, vLLM's labels set
+            return kind(name, doc, LABELS, registry=self.registry, **kw).labels(**lab)
+
+        self.running = make(Gauge, "vllm:num_requests_running", "Number of requests in model execution batches.")
+        self.waiting = make(Gauge, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        self.kv_usage = make(Gauge, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
+        self.prompt_tokens = make(Counter, "vllm:prompt_tokens", "Number of prefill tokens processed.")
+        self.generation_tokens = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
+        self.cache_queries = make(Counter, "vllm:prefix_cache_queries", "Prefix cache queries, in queried tokens.")
+        self.cache_hits = make(Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens.")
+        self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
+        success = Counter("vllm:request_success", "Count of successfully processed requests.",
+                          (*LABELS, "finished_reason"), registry=self.registry)
+        self.success = {reason: success.labels(**lab, finished_reason=reason) for reason in ("stop", "length")}
+        self.ttft = make(Histogram, "vllm:time_to_first_token_seconds", "Histogram of time to first token in "
+                         "seconds.", buckets=TTFT_BUCKETS)
+        self.itl = make(Histogram, "vllm:time_per_output_token_seconds", "Histogram of time per output token in "
+                        "seconds.", buckets=TPOT_BUCKETS)
+        self.e2e = make(Histogram, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in "
+                        "seconds.", buckets=LATENCY_BUCKETS)
+        self.queue = make(Histogram, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase "
+                          "for request.", buckets=LATENCY_BUCKETS)
 
     # --- the engine's thread ----------------------------------------------------------------------
     def engine_state(self, executor: Executor) -> None:
         workers = _workers(executor)
-        used = sum(w.kv.blocks_in_use for w in workers)
-        total = sum(w.kv.total_blocks for w in workers) or 1
-        with self._lock:
-            self.gauges["vllm:num_requests_running"] = float(sum(len(w.running) for w in workers))
-            self.gauges["vllm:num_requests_waiting"] = float(sum(len(w.waiting) for w in workers))
-            self.gauges["vllm:kv_cache_usage_perc"] = used / total
+        self.running.set(sum(len(w.running) for w in workers))
+        self.waiting.set(sum(len(w.waiting) for w in workers))
+        self.kv_usage.set(sum(w.kv.blocks_in_use for w in workers) / (sum(w.kv.total_blocks for w in workers) or 1))
 
     def tokens(self, r: Request, first: bool, times: list[float], previous_s: float | None) -> None:
         """``r`` streamed ``len(times)`` new tokens (one chunk per distinct time); ``first``: its first ones."""
-        with self._lock:
-            self.counters["vllm:generation_tokens"] += len(times)
-            if first:
-                self.counters["vllm:prompt_tokens"] += r.prompt_len
-                self.counters["vllm:prefix_cache_queries"] += r.prompt_len
-                self.counters["vllm:prefix_cache_hits"] += r.cached_tokens
-                self.histograms["vllm:time_to_first_token_seconds"].observe(times[0] - r.arrival_s)
-            last = previous_s if previous_s is not None else times[0]
-            for t in times:
-                if t > last:  # tokens handed out together are one chunk: one gap
-                    self.histograms["vllm:time_per_output_token_seconds"].observe(t - last)
-                    last = t
+        self.generation_tokens.inc(len(times))
+        if first:
+            self.prompt_tokens.inc(r.prompt_len)
+            self.cache_queries.inc(r.prompt_len)
+            self.cache_hits.inc(r.cached_tokens)
+            self.ttft.observe(times[0] - r.arrival_s)
+        last = previous_s if previous_s is not None else times[0]
+        for t in times:
+            if t > last:  # tokens handed out together are one chunk: one gap
+                self.itl.observe(t - last)
+                last = t
 
     def ended(self, r: Request) -> None:
-        with self._lock:
-            self.counters["vllm:num_preemptions"] += r.preemptions
-            if r.status is not Status.FINISHED:
-                return
-            self.success[r.finish_reason or "stop"] = self.success.get(r.finish_reason or "stop", 0) + 1
-            self.histograms["vllm:e2e_request_latency_seconds"].observe(r.finish_s - r.arrival_s)
-            if r.admitted_s is not None:
-                self.histograms["vllm:request_queue_time_seconds"].observe(r.admitted_s - r.arrival_s)
+        self.preemptions.inc(r.preemptions)
+        if r.status is not Status.FINISHED:
+            return
+        self.success[r.finish_reason if r.finish_reason in self.success else "stop"].inc()
+        self.e2e.observe(r.finish_s - r.arrival_s)
+        if r.admitted_s is not None:
+            self.queue.observe(r.admitted_s - r.arrival_s)
 
     # --- the front end's thread -----------------------------------------------------------------
     def text(self) -> str:
-        lab = self.labels
-        with self._lock:
-            lines = []
-            for name, value in self.gauges.items():
-                lines += [f"# TYPE {name} gauge", f"{name}{{{lab}}} {value!r}"]
-            for name, value in self.counters.items():  # (the TYPE line names the sample: ``_total`` included)
-                lines += [f"# TYPE {name}_total counter", f"{name}_total{{{lab}}} {value}"]
-            lines.append("# TYPE vllm:request_success_total counter")
-            lines += [f'vllm:request_success_total{{{lab},finished_reason="{k}"}} {v}' for k, v in self.success.items()]
-            for name, h in self.histograms.items():
-                lines += h.lines(name, lab)
-        return "\n".join(lines) + "\n"
+        return generate_latest(self.registry).decode()
