@@ -60,11 +60,8 @@ def attention_indices(tokens: torch.Tensor, block_table: torch.Tensor, ctx_start
         chunk_tables.append(torch.arange(n_ctx, n_ctx + g, device=dev))
         rows = torch.cat(chunk_rows)  # [R']
         tables = torch.cat(chunk_tables)  # [R']
-        table = block_table.index_select(0, tables)  # [R', W]
-        # a chunk's row may reach past the table's width where a generation row's would not: clamp the block
-        # (the positions there are masked)
-        blocks = torch.clamp(kpos // tokens_per_block, max=table.size(1) - 1)  # [K]
-        row_kv = (table[:, blocks] * tokens_per_block + kpos % tokens_per_block).flatten()  # [R'*K]
+        table = block_table.index_select(0, tables)  # [R', W] (W holds every row's blocks: K <= W pages)
+        row_kv = (table[:, kpos // tokens_per_block] * tokens_per_block + kpos % tokens_per_block).flatten()  # [R'*K]
         hidden = (kpos.unsqueeze(0) > positions.index_select(0, rows).unsqueeze(1)).view(1, rows.size(0), 1, kmax)
     else:
         rows = torch.empty(0, dtype=torch.long, device=dev)
