@@ -136,6 +136,7 @@ def test_a_request_takes_its_progress_with_it():
     r.append_token(11, 0.75)  # received: in flight stays as it was (the caller counts a row read)
     assert book.counters[1].tolist() == [6, 6, 4, 2, 100, 5]  # computed, target, scheduled, outputs, max, prompt
     assert (r.num_output_tokens, r.pending_samples, r.num_scheduled_samples) == (2, 2, 4)
+    assert [r.token_times_since(k) for k in range(4)] == [[0.5, 0.75], [0.75], [], []]  # in the book's row
     r.num_output_tokens = 1  # set by hand (a test's set-up): what is in flight stays in flight
     assert (r.num_output_tokens, r.pending_samples) == (1, 2)
     r.num_output_tokens = 2
@@ -147,6 +148,7 @@ def test_a_request_takes_its_progress_with_it():
     other.append_token(1, 1.0)
     assert book.tokens.shape[1] >= 410 and book.key[1] == 2 * 2 + 1
     assert (r.output_token_ids, r.token_times_s) == ([9, 11], [0.5, 0.75])
+    assert [r.token_times_since(k) for k in range(4)] == [[0.5, 0.75], [0.75], [], []]  # back on the request
     assert (r.num_computed_tokens, r.pending_samples, r.num_scheduled_samples) == (6, 1, 3)
     assert other.output_token_ids == [1]
 

@@ -82,7 +82,7 @@ class FrontEnd:
                 continue  # disagg: as vLLM's proxy, the first token goes out with the decode worker's first
             if n > tr.sent:
                 tokens = r.output_tokens[tr.sent:n].tolist()
-                times = r.token_times_s[tr.sent:n]
+                times = r.token_times_since(tr.sent)[: n - tr.sent]
                 self.metrics.tokens(r, tr.sent == 0, times, tr.last_s)
                 tr.sent, tr.last_s = n, times[-1]
                 if loop is not None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.runtime.progress import COMPUTED, OUTPUTS, SCHEDULED, TARGET
+from strategies.runtime.progress import COMPUTED, OUTPUTS, SCHEDULED, TARGET, Booked
 from strategies.runtime.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -28,27 +28,6 @@ class Status(enum.Enum):
 
 for _status in Status:
     _status.terminal = _status in (Status.FINISHED, Status.REJECTED, Status.FAILED)
-
-
-class _Booked:
-    """A progress counter: in its column of the runtime's per-slot book (``progress.py``) while the request
-    holds a slot, on the request (``own``) otherwise — one place at a time."""
-
-    def __init__(self, column: int, own: str) -> None:
-        self.column, self.own = column, own
-
-    def __get__(self, r: Any, owner: type | None = None) -> Any:
-        if r is None:
-            return self
-        book = r._book
-        return getattr(r, self.own) if book is None else book.counters.item(r.slot, self.column)
-
-    def __set__(self, r: Any, value: int) -> None:
-        book = r._book
-        if book is None:
-            setattr(r, self.own, value)
-        else:
-            book.counters[r.slot, self.column] = value
 
 
 @dataclass(eq=False)
@@ -101,8 +80,8 @@ class Request:
     _times: list[float] = field(default_factory=list, init=False, repr=False)
     _book: SlotProgress | None = field(default=None, init=False, repr=False)
 
-    num_computed_tokens = _Booked(COMPUTED, "_computed")  # tokens whose KV is written or launched (slot's cache)
-    context_target = _Booked(TARGET, "_target")  # tokens to prefill on this admission: prompt + outputs known then
+    num_computed_tokens = Booked(COMPUTED, "_computed")  # tokens whose KV is written or launched (slot's cache)
+    context_target = Booked(TARGET, "_target")  # tokens to prefill on this admission: prompt + outputs known then
 
     @property
     def pending_samples(self) -> int:
@@ -193,10 +172,15 @@ class Request:
     @property
     def token_times_s(self) -> list[float]:
         """When the host handed each output token out (run clock)."""
+        return self.token_times_since(0)
+
+    def token_times_since(self, start: int) -> list[float]:
+        """``token_times_s[start:]``, reading none of the times before ``start``: a server's front end reads each
+        step's new ones, and a read of all of them each step made a request's streaming quadratic in its length."""
         book = self._book
         if book is None:
-            return self._times
-        return book.times[self.slot, : book.counters.item(self.slot, OUTPUTS)].tolist()
+            return self._times[start:]
+        return book.times[self.slot, start: book.counters.item(self.slot, OUTPUTS)].tolist()
 
     @property
     def is_prefilling(self) -> bool:
