@@ -47,6 +47,13 @@ def resolve_plan(opts: RunOptions, log: Callable[[str], None]) -> Plan:
     if trace.skipped:
         log(f"note: {trace.source}: skipped {trace.skipped} failed rows (zero response tokens)")
     model_cfg, model = load_model(opts)
+    settings = None
+    if opts.endpoint is not None:  # the server's context, where it states one, is the run's --max-seq-len
+        from harness.endpoint.connect import connect
+
+        settings = connect(opts)
+        if opts.max_seq_len is None and settings.max_model_len is not None:
+            opts = dataclasses.replace(opts, max_seq_len=settings.max_model_len)
     opts = resolve_max_seq_len(opts, model_cfg)
     check_encoder_inputs(opts, model_cfg, trace)
     check_draft_model(opts, model_cfg)
@@ -65,10 +72,10 @@ def resolve_plan(opts: RunOptions, log: Callable[[str], None]) -> Plan:
                          encoder_tokens=min(t.encoder_tokens, opts.max_seq_len // 2))
             for t in trace.requests[: opts.warmup]]
     client = None
-    if opts.endpoint is not None:
-        from harness.endpoint.connect import connect
+    if settings is not None:
+        from harness.endpoint.client import client_for
 
-        client = connect(opts)
+        client = client_for(dataclasses.replace(settings, max_seq_len=opts.max_seq_len))
     return Plan(opts, trace, model_cfg, model, executor, sim_info, defaults, warm, client)
 
 

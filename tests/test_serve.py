@@ -162,6 +162,33 @@ def test_client_times_exceed_the_servers_by_the_http_overhead_and_metrics_match_
     assert "Server: running requests" in (tmp_path / "client" / "report.html").read_text()
 
 
+def test_a_served_simulation_keeps_the_simulators_step_times_and_the_client_sizes_by_the_servers_context(tmp_path):
+    """Served on the simulated device, paced to the wall clock, an 8B model's steps cost what the same trace's
+    ``slotbench run --device sim`` gives them, however many there are: the wait for the wall clock is no host time
+    (it was counted as such, and each step then started one step later than the one before: 10 ms steps 3 s apart
+    by the 365th). The client sizes the trace by the context the server states (8B: 8,192 tokens), not by
+    --model's (tiny: 1,024): 900 + 160 tokens are sent, where they went out as an empty prompt."""
+    sim = ["--device", "sim", "--model-spec", "llama-3-8b", "--gpu", "h100"]
+    trace = ["--num-prompts", "4", "--input-len", "900", "--output-len", "160", "--range-ratio", "0", "--ignore-eos",
+             "--seed", "2", "--no-progress"]
+    server = Server(tmp_path, *sim, "--strategy", "inflight")
+    try:
+        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", *trace, "--warmup", "0",
+                "--out", str(tmp_path / "client"))
+    finally:
+        code, err = server.stop()
+    assert p.returncode == 0 and code == 0, p.stderr + err
+    assert pd.read_parquet(tmp_path / "client" / "endpoint" / "requests.parquet")["status"].eq("finished").all()
+    s = pd.read_parquet(server.out / "inflight" / "requests.parquet")
+    s = s[s["request_id"].str.startswith("cmpl-")]
+    assert len(s) == 1 + 4 and s["input_tokens"].eq(900).sum() == 4  # (the client's probe, then the trace)
+    p = cli("run", *sim, "--strategies", "inflight", *trace, "--out", str(tmp_path / "run"))
+    assert p.returncode == 0, p.stderr
+    run = pd.read_parquet(tmp_path / "run" / "inflight" / "requests.parquet")
+    served_tpot, run_tpot = s["tpot_ms"].median(), run["tpot_ms"].median()
+    assert served_tpot < 2 * run_tpot, (served_tpot, run_tpot)
+
+
 def test_bad_requests_get_vllms_errors_and_the_server_keeps_serving(tmp_path):
     server = Server(tmp_path, *SIM, "--strategy", "inflight", "--max-seq-len", "64")
     try:
@@ -179,11 +206,20 @@ def test_bad_requests_get_vllms_errors_and_the_server_keeps_serving(tmp_path):
         got, answer = server.post("/v1/chat/completions", json.dumps(
             {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}).encode())
         assert got == 200 and answer["choices"][0]["message"]["role"] == "assistant"
+        # a client sizes the trace by the server's stated context: the line too long for it is refused unsent
+        lines = [{"arrival_s": 0.0, "input_tokens": n, "output_tokens": 4} for n in (8, 100, 8)]
+        (tmp_path / "t.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", "--trace", str(tmp_path / "t.jsonl"),
+                "--warmup", "0", "--no-progress", "--out", str(tmp_path / "client"))
+        assert p.returncode == 0, p.stderr
     finally:
         code, err = server.stop()
     assert code == 0, err
+    sent = pd.read_parquet(tmp_path / "client" / "endpoint" / "requests.parquet")
+    assert list(sent["status"]) == ["finished", "rejected", "finished"]
+    assert sent["finish_reason"][1] == "prompt (100) + max_tokens (4) exceeds the server's max_model_len (64)"
     served = pd.read_parquet(server.out / "inflight" / "requests.parquet")
-    assert list(served["status"]) == ["finished", "finished"]  # the refused ones never reached the engine
+    assert list(served["status"]) == ["finished"] * 5  # (2 above, the client's probe, its 2): none refused reached it
 
 
 def test_a_client_that_disconnects_frees_its_slot_and_a_killed_server_fails_the_rest(tmp_path):

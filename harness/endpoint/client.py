@@ -35,6 +35,8 @@ class EndpointSettings:
     scrape_s: float | None  # read /metrics this often (server_metrics.parquet)
     max_concurrency: int | None
     token_ids: bool = False  # the server takes vLLM's ``return_token_ids`` (probed by ``connect``)
+    max_model_len: int | None = None  # the context the server states for the model (vLLM's /v1/models), if it does
+    max_seq_len: int | None = None  # the context the trace's requests were sized by: a longer one has no prompt
 
 
 class EndpointClient(Executor):
@@ -56,6 +58,10 @@ class EndpointClient(Executor):
         """The server decides what it serves: a refusal comes back as an error and fails the request."""
         if r.prompt_len == 0:
             return "empty prompt"
+        if not len(r.prompt_token_ids):  # a trace line longer than any context: sized, never built (runner.py)
+            limit = self.settings.max_seq_len
+            whose = "the server's max_model_len" if limit == self.settings.max_model_len else "--max-seq-len"
+            return f"prompt ({r.prompt_len}) + max_tokens ({r.max_new_tokens}) exceeds {whose} ({limit})"
         return None if r.max_new_tokens > 0 else f"max_new_tokens must be positive, got {r.max_new_tokens}"
 
     def run(self, source: RequestSource) -> None:

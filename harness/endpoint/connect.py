@@ -1,5 +1,5 @@
-"""Before an endpoint run: the server reached (``GET /v1/models``), the model it serves named, the tokenizer
-loaded, and the client bound to them — or one line and exit 2, before anything is measured or written."""
+"""Before an endpoint run: the server reached (``GET /v1/models``), the model it serves named with the context it
+states, the tokenizer loaded — or one line and exit 2, before anything is measured or written."""
 
 from __future__ import annotations
 
@@ -8,31 +8,34 @@ import os
 import urllib.error
 import urllib.request
 
-from harness.endpoint.client import EndpointClient, EndpointSettings, client_for
+from harness.endpoint.client import EndpointSettings
 from harness.errors import UserError
 from harness.options import RunOptions
 from harness.serve.tokenizer import CheckpointTokenizer
 
 
-def connect(opts: RunOptions) -> type[EndpointClient]:
+def connect(opts: RunOptions) -> EndpointSettings:
     assert opts.endpoint is not None
     url = opts.endpoint.rstrip("/")
     key = os.environ[opts.api_key_env] if opts.api_key_env else None
     request = urllib.request.Request(f"{url}/models", headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
         with urllib.request.urlopen(request, timeout=10) as resp:
-            models = [m["id"] for m in json.loads(resp.read()).get("data", [])]
+            listed = [m for m in json.loads(resp.read()).get("data", []) if isinstance(m, dict) and "id" in m]
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise UserError(f"--endpoint {opts.endpoint}: the server does not answer ({reason})") from None
-    if opts.served_model is None and not models:
+    if opts.served_model is None and not listed:
         raise UserError(f"--endpoint {opts.endpoint}: the server lists no model; name one with --served-model")
     tokenizer = CheckpointTokenizer(opts.tokenizer) if opts.tokenizer else None
     if opts.endpoint_type == "chat" and tokenizer is None:
         raise UserError("--endpoint-type chat sends text: give --tokenizer DIR (the server's tokenizer)")
-    model = opts.served_model or models[0]
-    return client_for(EndpointSettings(url, opts.endpoint_type, model, key, tokenizer, opts.scrape_interval,
-                                       opts.max_concurrency, _takes_token_ids(url, opts.endpoint_type, model, key)))
+    model = opts.served_model or listed[0]["id"]
+    # vLLM (and slotbench serve) state the model's context: the trace's requests are sized by it, not by --model's
+    stated = [m.get("max_model_len") for m in listed if m["id"] == model]
+    context = stated[0] if stated and isinstance(stated[0], int) and stated[0] > 0 else None
+    return EndpointSettings(url, opts.endpoint_type, model, key, tokenizer, opts.scrape_interval, opts.max_concurrency,
+                            _takes_token_ids(url, opts.endpoint_type, model, key), context)
 
 
 def _takes_token_ids(url: str, kind: str, model: str, key: str | None) -> bool:

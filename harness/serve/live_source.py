@@ -3,8 +3,9 @@
 It is the same contract a trace replay meets (``strategies/interface.py``: RequestSource), so the strategy's
 loop is unchanged: ``poll`` hands out what has arrived, ``next_arrival_s`` blocks while nothing has. Aborts
 (clients that went away) are carried out in ``poll``, on the engine's thread, between steps. On the simulated
-device the virtual clock is paced to the wall clock: ``poll`` never lets it run ahead, and an arrival's time is
-the wall time since the server started — a GPU server priced by the simulator, served for real.
+device the virtual clock is paced to the wall clock: ``poll`` holds it, stopped, while the wall clock catches up
+with it, and an arrival's time is the wall time since the server started — a GPU server priced by the simulator,
+served for real.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Callable
 from strategies.interface import Executor
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.request import Request, Status
+from strategies.runtime.sim.device import VirtualClock
 
 IDLE_WAIT_S = 0.002  # an idle engine looks for arrivals this often (it is woken at once by one)
 
@@ -68,8 +70,14 @@ class LiveSource:
     # --- RequestSource (the engine's thread) ---------------------------------------------------------
     def poll(self, now_s: float) -> list[Request]:
         ahead = now_s - self.now_s() if self.paced else 0.0
-        if ahead > 0:  # the virtual clock waits for the wall clock
+        if ahead > 0:
+            # The virtual clock waits for the wall clock, stopped: the wait is no host work. Were its measured host
+            # time to flow, it would stay ahead by one step more each step (an 8B model's 10 ms steps, served, were
+            # 3 s apart by the 365th).
+            assert isinstance(self.clock, VirtualClock)
+            stopped_at = self.clock.stop()
             time.sleep(ahead)
+            self.clock.resume(stopped_at)
         with self._cond:
             if self._closed:
                 raise ServerClosing("the server is shutting down")
