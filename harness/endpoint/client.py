@@ -60,8 +60,10 @@ class EndpointClient(Executor):
             return "empty prompt"
         if not len(r.prompt_token_ids):  # a trace line longer than any context: sized, never built (runner.py)
             limit = self.settings.max_seq_len
-            whose = "the server's max_model_len" if limit == self.settings.max_model_len else "--max-seq-len"
-            return f"prompt ({r.prompt_len}) + max_tokens ({r.max_new_tokens}) exceeds {whose} ({limit})"
+            head = f"prompt ({r.prompt_len}) + max_tokens ({r.max_new_tokens}) exceeds"
+            if limit == self.settings.max_model_len:
+                return f"{head} the server's max_model_len ({limit})"
+            return f"{head} --max-seq-len ({limit}; the server states no max_model_len, and its default is --model's)"
         return None if r.max_new_tokens > 0 else f"max_new_tokens must be positive, got {r.max_new_tokens}"
 
     def run(self, source: RequestSource) -> None:
