@@ -260,3 +260,25 @@ def test_a_device_process_that_died_idle_fails_at_wait_not_at_enqueue():
             s.stream.wait(work)
     finally:
         s.close()
+
+
+def test_a_device_process_never_takes_a_new_model_for_a_freed_one_at_its_address():
+    """The host keys the model a device process holds by ``model_key``, never by ``id``: CPython gives a freed
+    object's address to a new one, and a device process keyed by address ran the freed model's weights for the
+    new one (a TorchScript shape error in a test that ran after another in the same worker)."""
+    import gc
+
+    from strategies.runtime.device.process import model_key
+
+    ids, keys = [], []
+    for i in range(30):
+        m = torch.nn.Linear(2, 2)
+        model = torch.jit.script(m) if i % 2 else m
+        ids.append(id(model))
+        keys.append(model_key(model))
+        del m, model
+        gc.collect()
+    assert len(set(ids)) < len(ids)  # addresses came round again (the case that broke) ...
+    assert len(set(keys)) == len(keys)  # ... keys never do
+    kept = torch.nn.Linear(2, 2)
+    assert model_key(kept) == model_key(kept)  # (and one model keeps its key: sent once for warm-up and run)

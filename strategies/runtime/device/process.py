@@ -21,12 +21,14 @@ import atexit
 import builtins
 import contextlib
 import io
+import itertools
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import Client
@@ -148,6 +150,21 @@ def rebuild(type_name: str, message: str) -> BaseException:
     return RuntimeError(f"{type_name}: {message}")
 
 
+_MODEL_KEYS: weakref.WeakKeyDictionary[torch.nn.Module, int] = weakref.WeakKeyDictionary()
+_NEXT_MODEL_KEY = itertools.count(1)
+
+
+def model_key(model: torch.nn.Module) -> int:
+    """A key for ``model`` that no other model of this process gets, ever. Its ``id`` was the key, and CPython
+    reuses an id once its object is freed: a device process that held a freed model took a new one at its
+    address for it, and ran the old weights (caught as a TorchScript shape error in a test that ran after
+    another in the same worker; with equal shapes it would have been wrong tokens, silently)."""
+    key = _MODEL_KEYS.get(model)
+    if key is None:
+        key = _MODEL_KEYS[model] = next(_NEXT_MODEL_KEY)
+    return key
+
+
 def model_payload(model: torch.nn.Module) -> tuple[bytes, bool]:
     """The model as bytes the device process loads: TorchScript's archive, or a pickle of an eager module."""
     buf = io.BytesIO()
@@ -168,11 +185,12 @@ class ProcessStream(DeviceStream):
         engine = cls(cfg, model, self, **kwargs)  # the host's copy: staging buffers, meta tensors
         server = DeviceServer.acquire()
         try:
-            if server.model_key != id(model):
+            key = model_key(model)
+            if server.model_key != key:
                 payload, scripted = model_payload(model)
-                server.request(("model", id(model), payload, scripted))
-                server.model_key = id(model)
-            server.request(("build", f"{cls.__module__}:{cls.__qualname__}", cfg, id(model), kwargs,
+                server.request(("model", key, payload, scripted))
+                server.model_key = key
+            server.request(("build", f"{cls.__module__}:{cls.__qualname__}", cfg, key, kwargs,
                             self.memory.staging, self.threads, self.memory.split, self.nvtx.enabled))
         except BaseException:
             server.stop()
