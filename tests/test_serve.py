@@ -288,6 +288,51 @@ def test_the_byte_tokenizer_round_trips_text():
     assert tok.decode([3 + ord("a"), 400, 3 + ord("b")]) == "a<400>b"
 
 
+@pytest.mark.parametrize("kind", ["bytes", "byte-level BPE", "metaspace BPE"])
+def test_a_streams_text_step_by_step_joins_to_the_whole_decode(kind):
+    """``IncrementalText`` sends each step's text once: joined, the deltas are the tokenizer's decode of the whole
+    output (the reference), however the tokens are cut into steps — a multi-byte character split between tokens
+    (bytes; byte-level BPE) is held back, not sent as U+FFFD; a word's leading space (metaspace) is kept."""
+    import random
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from harness.serve.tokenizer import ByteTokenizer, IncrementalText
+
+    text = "the naïve fox — 数据 🙂 serves café tokens"
+    if kind == "bytes":
+        tok = ByteTokenizer(512)
+    else:
+        hf = Tokenizer(models.BPE())
+        if kind == "byte-level BPE":
+            hf.pre_tokenizer, hf.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
+            trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        else:
+            hf.pre_tokenizer, hf.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+            trainer = trainers.BpeTrainer(vocab_size=300)
+        hf.train_from_iterator([text, "the quick brown fox jumps over the lazy dog", "héllo wörld 科学"] * 20, trainer)
+
+        class Trained:  # the server's Tokenizer protocol over it
+            def encode(self, s: str) -> list[int]:
+                return hf.encode(s).ids
+
+            def decode(self, ids: list[int]) -> str:
+                return hf.decode(ids, skip_special_tokens=False)
+
+        tok = Trained()
+
+    ids = tok.encode(text) + tok.encode(" ü")
+    whole = tok.decode(ids)
+    for seed in range(50):
+        rng, inc, deltas, i = random.Random(seed), IncrementalText(tok), [], 0
+        while i < len(ids):
+            k = rng.randint(1, 3)
+            deltas.append(inc.add(ids[i:i + k]))
+            i += k
+        assert "".join(deltas) + inc.flush() == whole, (seed, deltas)
+        assert not any("\ufffd" in d for d in deltas), deltas
+
+
 def test_a_scrape_reads_the_same_values_as_parsing_the_whole_text():
     """``read_metrics`` parses only its families' lines; the reference parses the whole exposition (two
     engines' label sets, histograms, a counter's ``_created``, and a family whose name extends a wanted one)."""

@@ -24,7 +24,7 @@ from aiohttp import web
 from harness.serve.engine import ServedEngine
 from harness.serve.live_source import ServerClosing
 from harness.serve.metrics import ServerMetrics
-from harness.serve.tokenizer import Tokenizer
+from harness.serve.tokenizer import IncrementalText, Tokenizer
 from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 
@@ -215,14 +215,12 @@ class FrontEnd:
     async def _stream(self, request: web.Request, r: Request, tr: _Track, chat: bool, opts: dict) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        tokens: list[int] = []
-        text = ""
+        text = IncrementalText(self.tokenizer) if self.tokenizer is not None else None
         async for new in self._events(tr):
-            tokens += new
-            full = self._text(tokens)
-            delta, text = full[len(text):] if full.startswith(text) else full, full
+            delta = text.add(new) if text is not None else ""
             await resp.write(self._sse(self._chunk(r, chat, opts, delta, new, None)))
-        await resp.write(self._sse(self._chunk(r, chat, opts, "", [], self._finish(r))))
+        tail = text.flush() if text is not None else ""
+        await resp.write(self._sse(self._chunk(r, chat, opts, tail, [], self._finish(r))))
         if opts["usage"]:
             await resp.write(self._sse({**self._head(r, chat, opts, chunk=True), "choices": [],
                                         "usage": self._usage(r)}))
