@@ -186,7 +186,9 @@ def test_a_served_simulation_keeps_the_simulators_step_times_and_the_client_size
     assert p.returncode == 0, p.stderr
     run = pd.read_parquet(tmp_path / "run" / "inflight" / "requests.parquet")
     served_tpot, run_tpot = s["tpot_ms"].median(), run["tpot_ms"].median()
-    assert served_tpot < 2 * run_tpot, (served_tpot, run_tpot)
+    # alone: 7.2 ms served, 6.6 ms run; the host's share of a served step grows on a loaded machine, and the
+    # clock flowing through the wait gave 591 ms
+    assert served_tpot < 4 * run_tpot, (served_tpot, run_tpot)
 
 
 def test_bad_requests_get_vllms_errors_and_the_server_keeps_serving(tmp_path):
