@@ -68,15 +68,20 @@ def resolve_plan(opts: RunOptions, log: Callable[[str], None]) -> Plan:
             executor = dataclasses.replace(executor, max_beam_width=widest)
         except ValueError as exc:
             raise UserError(str(exc)) from None
-    warm = [TraceRequest(0.0, min(t.input_tokens, opts.max_seq_len // 2), min(t.output_tokens, 16),
-                         encoder_tokens=min(t.encoder_tokens, opts.max_seq_len // 2))
-            for t in trace.requests[: opts.warmup]]
+    warm = [warm_request(t, opts.max_seq_len) for t in trace.requests[: opts.warmup]]
     client = None
     if settings is not None:
         from harness.endpoint.client import client_for
 
         client = client_for(dataclasses.replace(settings, max_seq_len=opts.max_seq_len))
     return Plan(opts, trace, model_cfg, model, executor, sim_info, defaults, warm, client)
+
+
+def warm_request(t: TraceRequest, max_seq_len: int) -> TraceRequest:
+    """A warm-up request of ``t``'s shape, capped (half the context, 16 output tokens): it compiles and profiles
+    the shapes, and nothing of it is measured."""
+    return TraceRequest(0.0, min(t.input_tokens, max_seq_len // 2), min(t.output_tokens, 16),
+                        encoder_tokens=min(t.encoder_tokens, max_seq_len // 2))
 
 
 def make_trace(opts: RunOptions) -> Trace:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from harness.context_length import resolve_max_seq_len
 from harness.options import RunOptions
-from harness.plan import check_draft_model, load_model, resolve_executor
+from harness.plan import check_draft_model, load_model, resolve_executor, warm_request
 from harness.runner import StrategyRun, build_requests, executor_class, warm_up
 from harness.serve.live_source import LiveSource, ServerClosing
 from harness.traces.trace import Trace, TraceRequest
@@ -29,7 +29,7 @@ class ServedEngine:
         self.executor, self.sim_info = resolve_executor(opts)
         cls = executor_class(self.name, self.executor)
         if opts.warmup:  # (as `slotbench run` warms up, with requests of the options' lengths)
-            warm = [TraceRequest(0.0, min(opts.input_len, opts.max_seq_len // 2), min(opts.output_len, 16))]
+            warm = [warm_request(TraceRequest(0.0, opts.input_len, opts.output_len), opts.max_seq_len)]
             warm_up(cls, self.model_cfg, model, self.executor,
                     build_requests(warm * opts.warmup, opts.sampling_defaults(), self.model_cfg.vocab_size,
                                    opts.seed + 1, "warmup-"))
