@@ -256,7 +256,7 @@ class Strategy(Executor):
             io = bufs.step
             rows, n = io.rows, len(io.rows)
             # the host holds the tokens from here; a streaming client sees them after the serving path
-            now = self.clock.client_time(self.clock.now(), n)
+            now = self.clock.client_time(self.clock.now(), n, self)
             beams_done: list[tuple[Request, int]] = []
             running = Status.RUNNING
             for i in self.progress.hand_out(io.slots.np[:n], io.keys[:n], out, now):

@@ -1,6 +1,12 @@
 """Per-request and per-iteration records as DataFrames, and the token stream as JSON lines.
 
-``requests.parquet`` columns (one row per request; times are run-clock seconds):
+``requests.parquet`` columns (one row per request; times are run-clock seconds). Two clocks' readings share
+that run clock: the client's — ``arrival_s`` (sent, which is when the engine may first see it: the simulated
+serving path's leg in is priced with its leg out), ``first_token_s``, ``finish_s`` and ``tokens.jsonl``'s
+``times_s`` (received by a streaming client: on ``--device sim`` after the serving path, sim/config.py; elsewhere
+when the engine hands them out), ``failed_s``, and the ``*_ms`` latencies derived from them — and the engine's:
+``admitted_s``, ``kv_ready_s``, ``kv_transfer_*``, ``prefill_first_token_s``. A request's client times never
+decrease (the serving path is a queue), and each is at or after the engine time it follows.
   request_id, arrival_s, input_tokens, output_tokens, status (finished | rejected | failed),
   finish_reason, first_token_s, finish_s, slot (the last slot it held), preemptions, cached_tokens (prompt
   tokens read from the prefix cache instead of computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where

@@ -20,9 +20,10 @@ class Clock:
         """The run-clock time of a ``time.perf_counter()`` reading."""
         return perf_s - self.t0
 
-    def client_time(self, now: float, rows: int) -> float:
-        """When a streaming client receives the tokens a step handed out at ``now`` (``rows`` of them): here,
-        at once; a simulated device may add a serving path's delay (sim/config.py: SERVING_PATHS)."""
+    def client_time(self, now: float, rows: int, engine: object = None) -> float:
+        """When a streaming client receives the tokens a step of ``engine`` handed out at ``now`` (``rows`` of
+        them): here, at once; a simulated device may add a serving path (sim/config.py: SERVING_PATHS), one
+        front end per engine that takes its steps' outputs in order (sim/device.py: VirtualClock.client_time)."""
         return now
 
     def charge_host(self, phase: str, requests: int) -> None:

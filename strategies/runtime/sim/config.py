@@ -10,6 +10,9 @@ Two parts, both on the client's clock only (the engine's scheduling is unchanged
   reading) — a constant shift of every token a request receives;
 - ``per_row_s`` per output row of the step: the output handler processes the whole step's outputs, and
   the event loop writes the other streams' events, before a given stream's event leaves.
+The front end is one process that takes the steps' outputs in order (``VirtualClock.client_time``): it starts on a
+step once the step's outputs exist and it is done with the previous step's, so a client never receives a step
+before the one before it, and a front end that cannot keep up delays every later step (a queue, not a shift).
 
 Both were fitted to one measured run (../shared/validation's llama-2-7b-tp1-general, its two stages: the
 TTFT left after the engine loop — overlap's, vLLM's async scheduling — at 15.8 and 82.7 output rows a

@@ -27,6 +27,9 @@ class VirtualClock(Clock):
         self.host_s_per_iteration = host_s_per_iteration
         self.host_s_per_request = host_s_per_request
         self.serving = serving  # None: a client sees tokens when the host holds them
+        # each engine's front end (the serving path's one output process), by id(engine): the engine (held, so
+        # that its id is never reused while the clock lives) and when the front end is done with its last step
+        self._front_end: dict[int, tuple[object, float]] = {}
         super().__init__()
         self.reset()
 
@@ -34,6 +37,7 @@ class VirtualClock(Clock):
         self.t0 = time.perf_counter()
         self._virtual = 0.0
         self._anchor = self.t0
+        self._front_end = {}
 
     def now(self) -> float:
         if self.host_time == "measured":
@@ -55,8 +59,17 @@ class VirtualClock(Clock):
         """Restart a clock stopped at ``t``: the real time since ``stop`` does not pass on it."""
         self._virtual, self._anchor = t, time.perf_counter()
 
-    def client_time(self, now: float, rows: int) -> float:
-        return now if self.serving is None else now + self.serving.delay_s(rows)
+    def client_time(self, now: float, rows: int, engine: object = None) -> float:
+        """The serving path as a queue: ``engine``'s front end takes each step's outputs in order, so it starts on
+        this step's ``rows`` once they exist (``now``) and it is done with the previous step's; its client then
+        reads them ``fixed_s`` later. A step never reaches the client before the one before it, however many
+        fewer rows it has."""
+        if self.serving is None:
+            return now
+        _, free = self._front_end.get(id(engine), (engine, 0.0))
+        done = max(now, free) + self.serving.per_row_s * rows
+        self._front_end[id(engine)] = (engine, done)
+        return done + self.serving.fixed_s
 
     def charge_host(self, phase: str, requests: int) -> None:
         if self.host_time == "modelled":
