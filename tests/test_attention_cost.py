@@ -83,7 +83,7 @@ def test_decode_attention_never_beats_the_bandwidth():
         rows, per_row, kv_heads = int(rng.integers(1, 300)), int(rng.integers(1, 8192)), int(rng.choice([1, 8, 32]))
         secs = decode_attention_s(A100, rows, rows * per_row, kv_heads, HEAD_DIM, BF16)
         assert secs >= rows * per_row * kv_heads * 2 * HEAD_DIM * BF16 / A100.gpu.mem_bw
-    assert prefill_attention_s(A100, 1, 4096, 4096, HEADS, HEAD_DIM) >= 4 * HEADS * HEAD_DIM * 4096**2 / 2 / 312e12
+    assert prefill_attention_s(A100, [(4096, 4096)], HEADS, HEAD_DIM) >= 4 * HEADS * HEAD_DIM * 4096**2 / 2 / 312e12
 
 
 def test_kv_splits_fill_the_sms_as_flash_attention_does():
@@ -117,3 +117,24 @@ def test_calibrate_fits_a_vidur_attention_table(tmp_path):
     profile = DeviceProfile.load(out)
     assert profile.attn_block_s != A100.attn_block_s and profile.attn_eff_flops == A100.attn_eff_flops
     assert cli("step-cost", "--gpu", "a100", "--profile", str(out), "--decode", "8:512").returncode == 0
+
+
+def test_a_steps_chunks_are_priced_by_their_own_lengths():
+    """A cold 575-token prompt beside twenty 20-token chunks read mostly from the prefix cache (a step of the
+    measured shared-prefix runs): the varlen launch runs the prompt's full 128-query tiles against its 575 keys,
+    whatever the other chunks are. So the step costs at least the prompt alone and the small chunks alone, the
+    order of the chunks does not matter, and the cost model prices a step by the shapes the scheduler counted."""
+    h100 = DeviceProfile.for_gpu("h100")
+    cold, small = [(575, 575)], [(20, 560 + 20)] * 20
+    mixed = prefill_attention_s(h100, cold + small, HEADS, HEAD_DIM)
+    assert mixed >= prefill_attention_s(h100, cold, HEADS, HEAD_DIM)
+    assert mixed >= prefill_attention_s(h100, small, HEADS, HEAD_DIM)
+    assert mixed == pytest.approx(prefill_attention_s(h100, small[:7] + cold + small[7:], HEADS, HEAD_DIM))
+    # the scheduler's own accounting carries each chunk's shape to the cost model (a mean of 46 tokens priced
+    # no tile at the prompt's size)
+    work = BatchWork(tokens=975, samples=21, kv_read_tokens=575 + 20 * 580, attention_pairs=0, context_tokens=975,
+                     context_kv_read_tokens=575 + 20 * 580, context_chunks=21,
+                     context_chunk_shapes=tuple(cold + small))
+    model = CostModel(MODEL_SPECS["llama-2-7b"], h100)
+    priced = sum(t.seconds(h100) for t in model._attention_terms(work)[:1]) / 32
+    assert priced == pytest.approx(mixed)

@@ -58,7 +58,7 @@ def predict_attention(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) ->
     out = np.empty(len(rows))
     for i, r in enumerate(rows.itertuples(index=False)):
         if r.kind == "prefill":
-            out[i] = prefill_attention_s(p, 1, r.chunk, r.kv + r.chunk, r.heads, r.head_dim)
+            out[i] = prefill_attention_s(p, [(r.chunk, r.kv + r.chunk)], r.heads, r.head_dim)
         else:
             out[i] = decode_attention_s(p, r.batch, r.batch * (r.kv + 2), r.kv_heads, r.head_dim, dtype_bytes)
     return out + p.attn_kernel_s

@@ -51,6 +51,9 @@ class BatchWork:
     context_kv_read_tokens: int = 0
     context_attention_pairs: int = 0
     context_chunks: int = 0  # prefill attention runs thread blocks per chunk (0 with context tokens: one)
+    # each context chunk's (queries, keys): its tokens and its context's end (cached tokens plus itself), as
+    # varlen prefill attention runs them; () where only the totals above are known (equal chunks assumed)
+    context_chunk_shapes: tuple[tuple[int, int], ...] = ()
     # Encoder–decoder models: the encode piece's tokens and (non-causal) pairs; the cross-attention KV the
     # decoder's tokens read (a chunk reads its request's encoder output once, a row too) and their pairs.
     encoder_tokens: int = 0
@@ -147,10 +150,12 @@ class ScheduledBatch:
 
     def work(self) -> BatchWork:
         kv = pairs = 0
+        shapes = []
         for c in self.context:
             n, end = c.length + c.padding, c.start + c.length + c.padding
             kv += end
             pairs += n * c.start + n * (n + 1) // 2
+            shapes.append((n, end))
         ctx_kv, ctx_pairs = kv, pairs
         rows, beam = self._row_counts()
         if beam:
@@ -170,7 +175,7 @@ class ScheduledBatch:
             pairs += n * v.position + n * (n + 1) // 2
             samples += n
         work = BatchWork(self.num_tokens, samples, kv, pairs, self.num_context_tokens, ctx_kv,
-                         ctx_pairs, len(self.context))
+                         ctx_pairs, len(self.context), tuple(shapes))
         first = self.context[0].request if self.context else (self.gen_requests[0] if self.gen_requests else None)
         return self._encoder_work(work) if first is not None and first.encoder_len else work
 

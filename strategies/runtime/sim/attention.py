@@ -14,6 +14,7 @@ of its context. The profile's parameters were fitted to that table (docs/simulat
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 from typing import TYPE_CHECKING
 
@@ -61,19 +62,40 @@ def decode_attention_s(p: DeviceProfile, rows: int, kv_tokens: float, kv_heads: 
     return rounds_s(blocks * splits, work, sms, bw * p.attn_eff_bw, bw / sms * p.attn_block_bw, p.attn_block_s)
 
 
-def prefill_attention_s(p: DeviceProfile, chunks: int, tokens: int, context_tokens: float, heads: int,
-                        head_dim: int) -> float:
-    """One layer's prefill attention on one rank: ``chunks`` chunks of ``tokens`` queries in all, whose
-    contexts (cached tokens plus the chunk itself) hold ``context_tokens`` keys in all, ``heads`` heads."""
+def prefill_attention_s(p: DeviceProfile, chunks: Sequence[tuple[float, float]], heads: int, head_dim: int) -> float:
+    """One layer's prefill attention on one rank over ``chunks``: each (queries, keys) — a chunk's tokens and
+    its context (cached tokens plus the chunk itself) — ``heads`` heads, all in one varlen launch.
+
+    Each chunk runs ceil(queries / Q_TILE) tiles a head, each priced as its slowest: the chunk's last tile,
+    min(Q_TILE, queries) rows against every key. The blocks go to the SMs slowest first, in rounds of one block
+    an SM; a round takes as long as its slowest block. So a cold 575-token prompt beside twenty 20-token chunks
+    costs its own five tiles' rounds and the small chunks' rounds after them, where a mean over the chunks
+    (21 chunks of 46 tokens) priced no tile at the prompt's size."""
+    blocks = sorted(((min(Q_TILE, q) * k * 4 * head_dim, min(Q_TILE, q), math.ceil(q / Q_TILE) * heads)
+                     for q, k in chunks if q), reverse=True)  # (one block's FLOPs, its rows, blocks), slowest first
+    sms, peak = p.gpu.sms, p.gpu.peak_flops
+    full_rate, block_rate = peak * p.attn_eff_flops, peak / sms * p.prefill_block_flops
+    secs, i, left = 0.0, 0, blocks[0][2] if blocks else 0
+    while i < len(blocks):
+        work, rows, _ = blocks[i]  # the round's slowest block: the first one it takes
+        n, take = 0, sms
+        while take and i < len(blocks):  # fill the round from the slowest blocks left
+            got = min(take, left)
+            n, take, left = n + got, take - got, left - got
+            if not left:
+                i += 1
+                left = blocks[i][2] if i < len(blocks) else 0
+        secs += rounds_s(n, work, sms, full_rate, block_rate, tile_block_s(p, rows))
+    return secs
+
+
+def equal_chunks(chunks: int, tokens: int, context_tokens: float) -> list[tuple[float, float]]:
+    """``chunks`` chunks of ``tokens`` queries in all, whose contexts hold ``context_tokens`` keys in all, as
+    equal chunks (the mean's shape; where a step's own chunks are not known)."""
     if not tokens:
-        return 0.0
+        return []
     chunks = max(chunks, 1)
-    sms, blocks = p.gpu.sms, chunks * math.ceil(tokens / chunks / Q_TILE) * heads
-    rows = min(Q_TILE, tokens / chunks)  # the slowest block's queries: a full tile, or a short chunk's rows
-    work = rows * context_tokens / chunks * 4 * head_dim  # the slowest block: its rows against every key
-    peak = p.gpu.peak_flops
-    return rounds_s(blocks, work, sms, peak * p.attn_eff_flops, peak / sms * p.prefill_block_flops,
-                    tile_block_s(p, rows))
+    return [(tokens / chunks, context_tokens / chunks)] * chunks
 
 
 def tile_block_s(p: DeviceProfile, rows: float) -> float:

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.models.config import DTYPE_BYTES, ModelConfig
-from strategies.runtime.sim.attention import decode_attention_s, prefill_attention_s
+from strategies.runtime.sim.attention import decode_attention_s, equal_chunks, prefill_attention_s
 from strategies.runtime.sim.kernels import (
     BART_DECODER_GEMMS,
     BART_ENCODER_GEMMS,
@@ -150,8 +150,9 @@ class CostModel:
         decode_kv = w.kv_read_tokens - w.context_kv_read_tokens + w.tokens - w.context_tokens  # read + written
         if p.gpu.sms:  # thread blocks in rounds, priced per layer (sim/attention.py)
             heads, kv_heads = max(1, s.num_attention_heads // tp), max(1, s.num_key_value_heads // tp)
-            prefill = prefill_attention_s(p, w.context_chunks, w.context_tokens, w.context_kv_read_tokens, heads,
-                                          s.head_dim)
+            chunks = w.context_chunk_shapes or equal_chunks(w.context_chunks, w.context_tokens,
+                                                            w.context_kv_read_tokens)
+            prefill = prefill_attention_s(p, chunks, heads, s.head_dim)
             decode = decode_attention_s(p, w.tokens - w.context_tokens, decode_kv, kv_heads, s.head_dim, b)
             out = [Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, prefill),
                    Term("attention", 0.0, 0.0, 1.0, 1.0, 0.0, layers, decode)]
