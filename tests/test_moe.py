@@ -114,9 +114,10 @@ def test_expert_parallelism_prices_its_all_to_all():
     nbytes = 256 * spec.hidden_size * 2
     sent = all_to_all_bytes(256, 2, spec.hidden_size, 2, 2)
     assert sent == 256 / 2 * 2 * spec.hidden_size * 2 / 2  # half the tokens, two copies, half of them leave
-    expected = 32 * (p.allreduce_s(nbytes, 2) + 2 * p.all_to_all_s(sent, 2))
-    assert ep["communication"] == pytest.approx(expected)
-    assert tp["communication"] == pytest.approx(32 * 2 * p.allreduce_s(nbytes, 2))
+    # each layer's MLP all-reduce becomes a dispatch and a combine; attention's all-reduce and the once-a-forward
+    # collectives (the embedding's all-reduce, the logits' gather) stay
+    allreduce = p.tp_allreduce_s(nbytes, 2, spec.dtype == "bfloat16")
+    assert ep["communication"] - tp["communication"] == pytest.approx(32 * (2 * p.all_to_all_s(sent, 2) - allreduce))
     with pytest.raises(ValueError, match="--ep must equal --tp"):
         CostModel(spec, p, tp=4, ep=2)
 

@@ -71,7 +71,7 @@ def test_tensor_parallel_speeds_up_but_adds_communication():
     # above 0.5: per-layer launches, replicated norms/adds and 160 all-reduces do not shrink with TP
     assert 0.5 < t4 / t2 < 0.75
     assert CostModel(spec, prof, tp=4).phases(decode(32))["communication"] > 0
-    ideal = replace(prof, kernel_s=0.0, gemm_kernel_s=0.0, allreduce_latency_s=0.0, overhead_s=0.0)
+    ideal = replace(prof, kernel_s=0.0, gemm_kernel_s=0.0, allreduce_latency_s=0.0, overhead_s=0.0, allreduce="nccl")
     t2, t4 = CostModel(spec, ideal, tp=2).step_time(decode(32)), CostModel(spec, ideal, tp=4).step_time(decode(32))
     assert 0.5 < t4 / t2 < 0.55  # without those, sharding halves nearly everything
 

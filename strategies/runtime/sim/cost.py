@@ -225,11 +225,14 @@ class CostModel:
             secs[t.phase] += t.seconds(p)
         if tp > 1:  # two per layer (attention and MLP outputs); under EP the MLP's is a dispatch and a combine
             nbytes = tokens * s.hidden_size * self.dtype_bytes  # the layer's output activations
-            per_layer = (2 if self.ep == 1 else 1) * p.allreduce_s(nbytes, tp)
+            allreduce = p.tp_allreduce_s(nbytes, tp, s.dtype == "bfloat16")
+            per_layer = (2 if self.ep == 1 else 1) * allreduce
             if self.ep > 1:
                 per_layer += 2 * p.all_to_all_s(all_to_all_bytes(tokens, s.num_experts_per_tok, s.hidden_size,
                                                                   self.dtype_bytes, self.ep), self.ep)
-            secs["communication"] = s.num_hidden_layers * per_layer
+            # and once a forward: the vocabulary-parallel embedding's all-reduce, the sampled rows' logits gathered
+            secs["communication"] = s.num_hidden_layers * per_layer + allreduce + (
+                p.allgather_s(samples * s.vocab_size * self.dtype_bytes, tp) if samples else 0.0)
         secs["overhead"] = p.overhead_s + p.row_overhead_s * samples
         if self.encoder_gemms:
             secs["encoder"] = sum(t.seconds(p) for t in self._encoder_shape_terms(encoder_tokens))

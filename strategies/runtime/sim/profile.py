@@ -12,6 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from strategies.runtime.sim.allreduce import vllm_allreduce_s
 from strategies.runtime.sim.gemm_table import GemmTable, gemm_key, measured_at, validate_table
 from strategies.runtime.sim.kernels import gemm_work, ring_allreduce_bytes
 from strategies.runtime.sim.specs import GPUS, GpuSpec
@@ -81,6 +82,10 @@ class DeviceProfile:
     # NCCL picks its algorithm by communicator size (H100 DGX: 18 us on 2 GPUs, 30 us on 8); other counts
     # use the two above
     allreduce_by_workers: dict[str, list[float]] | None = None
+    # Which all-reduce tensor parallelism runs: "vllm", vLLM's choice by message size (its custom kernels, symmetric
+    # memory, NCCL: sim/allreduce.py), priced from published measurements where there are some (Hopper); "nccl",
+    # NCCL's alone (the two fields above), as a run with vLLM's custom all-reduce disabled, or another engine
+    allreduce: str = "vllm"
     launch_latency_s: float = 0.0  # from launch (or the previous step's end) to the device starting
     sync_latency_s: float = 0.0  # from the device finishing to a waiting host seeing it
     # "max": within a kernel, compute and memory traffic overlap (a GPU roofline); "sum": they do not
@@ -112,6 +117,8 @@ class DeviceProfile:
                 *(lat for lat, _ in by_workers))
         if not all(0 < e <= 1.5 for e in effs) or min(lats) < 0:
             raise ValueError(f"device profile: efficiencies must be in (0, 1.5], latencies >= 0 ({self})")
+        if self.allreduce not in ("vllm", "nccl"):
+            raise ValueError(f"device profile: allreduce must be vllm or nccl, got {self.allreduce!r}")
         if self.combine not in ("max", "sum", "smooth"):
             raise ValueError(f"device profile: combine must be max, sum or smooth, got {self.combine!r}")
         if not self.ridge_k >= 1:
@@ -142,6 +149,20 @@ class DeviceProfile:
         """One ring all-reduce of ``nbytes`` over ``workers`` GPUs."""
         lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
         return lat + ring_allreduce_bytes(nbytes, workers) / (self.gpu.link_bw * eff)
+
+    def tp_allreduce_s(self, nbytes: float, workers: int, bf16: bool) -> float:
+        """One of tensor parallelism's all-reduces of ``nbytes`` over ``workers`` GPUs, by the implementation the
+        engine picks for its size (``allreduce``; sim/allreduce.py)."""
+        nccl = self.allreduce_s(nbytes, workers)
+        if self.allreduce == "nccl" or self.gpu.name not in HOPPER:
+            return nccl
+        return vllm_allreduce_s(nbytes, workers, bf16, nccl)
+
+    def allgather_s(self, nbytes: float, workers: int) -> float:
+        """One NCCL all-gather whose result is ``nbytes`` on each of ``workers`` GPUs: half a ring all-reduce's
+        traffic."""
+        lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
+        return lat + ring_allreduce_bytes(nbytes, workers) / 2 / (self.gpu.link_bw * eff)
 
     def all_to_all_s(self, nbytes: float, workers: int) -> float:
         """One all-to-all in which each of ``workers`` GPUs sends ``nbytes`` (expert parallelism's dispatch or

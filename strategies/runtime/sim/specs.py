@@ -13,6 +13,10 @@ MODEL_SPECS: dict[str, ModelConfig] = {
     "llama-2-7b": ModelConfig(vocab_size=32000, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                               num_key_value_heads=32, intermediate_size=11008, max_position_embeddings=4096,
                               eos_token_id=2, dtype="float16"),
+    # codellama/CodeLlama-34b-Instruct-hf (bfloat16): the model of the tensor-parallel (TP 2) measured vLLM runs
+    "codellama-34b": ModelConfig(vocab_size=32000, hidden_size=8192, num_hidden_layers=48, num_attention_heads=64,
+                                 num_key_value_heads=8, intermediate_size=22016, rope_theta=1000000.0,
+                                 max_position_embeddings=16384, eos_token_id=2, dtype="bfloat16"),
     "llama-3-8b": ModelConfig(vocab_size=128256, hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                               num_key_value_heads=8, intermediate_size=14336, rope_theta=500000.0,
                               max_position_embeddings=8192, eos_token_id=128001, dtype="bfloat16"),
