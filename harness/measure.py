@@ -51,10 +51,12 @@ def run_strategies(plan: Plan, staging: Path, measured: Measured, *, progress: b
         bar = tqdm(total=len(requests), desc=f"{name:>8}", unit="req", file=sys.stderr, disable=not progress,
                    mininterval=0.5, leave=True)
         warmup = build_requests(plan.warm, plan.defaults, cfg.vocab_size, opts.seed + 1, "warmup-")
-        run = run_strategy(name, cfg, plan.model, plan.executor, requests, max_concurrency=opts.max_concurrency,
+        run = run_strategy(name, cfg, plan.model, plan.executor, requests,
+                           max_concurrency=opts.max_concurrency or plan.trace.max_concurrency,
                            warmup=warmup, on_end=lambda _r, bar=bar: bar.update(1),
                            fault_at_iteration=fault[1] if fault and fault[0] == name else None,
-                           profile_iters=opts.profile_range(), cls=plan.client if name == ENDPOINT else None)
+                           profile_iters=opts.profile_range(), cls=plan.client if name == ENDPOINT else None,
+                           request_timeout_s=opts.request_timeout or plan.trace.request_timeout_s)
         bar.close()
         measured.add(staging, run, opts)
         if run.error:

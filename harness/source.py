@@ -11,6 +11,12 @@ earlier prompt and the tokens actually generated) followed by its own. A session
 without finishing (rejected) ends there: its later turns are never sent and are recorded as rejected
 with the reason. The concurrency cap counts sessions: a session holds its place from its first turn's
 send to its last turn's end, think times included.
+
+A client time-out (``request_timeout_s``: inference-perf's ``load.request_timeout``, aiohttp's total time-out) gives
+up on a request that has not ended that long after it was sent, response stream included: the engine aborts it
+(``Executor.abort``, as vLLM aborts a request whose connection closed) and it fails with the reason, as the client
+records it. It is checked whenever the engine polls (between steps); an executor that cannot abort keeps no
+time-out.
 """
 
 from __future__ import annotations
@@ -28,9 +34,15 @@ UNSENT = "session ended"  # how the reason of a turn its session never sent begi
 
 class TraceSource:
     def __init__(self, requests: list[Request], max_concurrency: int | None = None,
-                 on_end: Callable[[Request], None] | None = None) -> None:
+                 on_end: Callable[[Request], None] | None = None, request_timeout_s: float | None = None,
+                 abort: Callable[[Request, str], None] | None = None) -> None:
         if max_concurrency is not None and max_concurrency <= 0:
             raise ValueError(f"--max-concurrency must be positive, got {max_concurrency}")
+        if request_timeout_s is not None and not request_timeout_s > 0:
+            raise ValueError(f"--request-timeout must be positive, got {request_timeout_s}")
+        self.request_timeout_s = request_timeout_s if abort is not None else None
+        self._abort = abort
+        self._deadlines: list[tuple[float, int, Request]] = []  # sent requests by when their client gives up
         starts, sessions = [], {}
         for r in requests:
             if r.session_id is None:
@@ -58,6 +70,7 @@ class TraceSource:
 
     def poll(self, now_s: float) -> list[Request]:
         self._now_s = now_s
+        self._time_out(now_s)
         out = []
         while self._later and self._later[0][0] <= now_s:  # a session's next turn: its place is held
             out.append(heapq.heappop(self._later)[2])
@@ -69,10 +82,25 @@ class TraceSource:
             out.append(r)
             self._next += 1
             self._in_flight += 1
+        if self.request_timeout_s is not None:
+            for r in out:
+                heapq.heappush(self._deadlines, (r.arrival_s + self.request_timeout_s, next(self._order), r))
         return out
+
+    def _time_out(self, now_s: float) -> None:
+        """Abort every sent request whose client has given up on it by ``now_s``."""
+        while self._deadlines and self._deadlines[0][0] <= now_s:
+            _, _, r = heapq.heappop(self._deadlines)
+            if not r.status.terminal:
+                assert self._abort is not None
+                self._abort(r, f"timeout: no complete response {self.request_timeout_s:g} s after it was sent")
 
     def next_arrival_s(self) -> float | None:
         later = self._later[0][0] if self._later else None
+        while self._deadlines and self._deadlines[0][2].status.terminal:  # ended before its client gave up
+            heapq.heappop(self._deadlines)
+        if self._deadlines:  # a client giving up is an event the engine must see, as an arrival is
+            later = self._deadlines[0][0] if later is None else min(later, self._deadlines[0][0])
         if self._next >= len(self._starts) or self._gated():
             return later
         start = max(self._starts[self._next].arrival_s, self._gate_open_s)

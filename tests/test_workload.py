@@ -144,3 +144,78 @@ def test_real_token_ids_replay_on_sim(tmp_path):
     assert (df["status"] == "finished").sum() == 20
     bad = df[df["status"] == "rejected"]
     assert len(bad) == 1 and "outside the vocabulary [0, 32000)" in bad["finish_reason"].iloc[0]
+
+
+# inference-perf's own dump of its effective config (a measured run's config.yaml, ../shared/validation): null and
+# empty keys included, as a user hands it over
+DUMPED = """\
+api: {type: completion, streaming: true, headers: null}
+data:
+  type: shared_prefix
+  path: null
+  input_distribution: null
+  output_distribution: null
+  shared_prefix: {num_groups: 2, num_prompts_per_group: 3, system_prompt_len: 10, question_len: 20, output_len: 4}
+load:
+  type: constant
+  interval: 1.0
+  stages:
+  - {rate: 4.0, duration: 5}
+  sweep: null
+  num_workers: 4
+  worker_max_concurrency: 100
+  worker_max_tcp_connections: 2500
+  circuit_breakers: []
+  request_timeout: null
+metrics: null
+report: {request_lifecycle: {summary: true, per_stage: true, per_request: true}}
+storage: {local_storage: {path: /tmp/results, report_file_prefix: null}, google_cloud_storage: null}
+server: {type: vllm, model_name: m, base_url: 'http://127.0.0.1:8000', ignore_eos: true, api_key: null}
+tokenizer: {pretrained_model_name_or_path: m, trust_remote_code: null, token: null}
+circuit_breakers: null
+"""
+
+
+def test_inference_perfs_dumped_config_is_accepted_as_it_writes_it(tmp_path):
+    """Null and empty keys change nothing; the client's time-out (null: aiohttp's 300 s session default, which
+    ended the measured reasoning run's failures at 300.0-301.0 s) and its in-flight cap (workers x concurrency)
+    are honoured; a key that is set and cannot be honoured is refused by name."""
+    w = load_workload(_write(tmp_path, "config.yaml", DUMPED))
+    assert (w.request_timeout_s, w.max_concurrency, w.ignore_eos, len(w.stages)) == (300.0, 400, True, 1)
+    t = workload_trace(w, "config.yaml", 0, 32000)
+    assert (t.request_timeout_s, t.max_concurrency, len(t)) == (300.0, 400, 20)
+    w = load_workload(_write(tmp_path, "t.yaml", DUMPED.replace("request_timeout: null", "request_timeout: 42.5")))
+    assert w.request_timeout_s == 42.5
+    for old, new, message in (("sweep: null", "sweep: {type: linear}", "load.sweep is set"),
+                              ("circuit_breakers: []", "circuit_breakers: [b]", "load.circuit_breakers is set"),
+                              ("\ncircuit_breakers: null", "\ncircuit_breakers: [b]", "circuit_breakers is set"),
+                              ("request_timeout: null", "request_timeout: -1", "request_timeout must be seconds")):
+        with pytest.raises(UserError, match=message):
+            load_workload(_write(tmp_path, "bad.yaml", DUMPED.replace(old, new)))
+
+
+def test_every_measured_runs_config_yaml_is_accepted(validation):
+    for config in sorted(validation.parent.glob("inference-perf/*/config.yaml")):
+        w = load_workload(str(config))
+        assert w.request_timeout_s == 300.0 and w.data == "shared_prefix" and w.ignore_eos, config
+
+
+def test_a_client_time_out_fails_the_requests_it_gives_up_on(tmp_path):
+    """--request-timeout: a request not complete that long after it was sent fails with the reason, at that time,
+    and the engine aborts it (its slot and KV go to the requests behind it); one that completes in time is kept."""
+    out = tmp_path / "o"
+    r = cli("run", "--device", "sim", "--gpu", "h100", "--model-spec", "llama-3-8b", "--strategies", "inflight,overlap",
+            "--num-prompts", "24", "--request-rate", "8", "--input-len", "64", "--output-len", "400",
+            "--range-ratio", "0.9", "--max-batch-size", "4", "--ignore-eos", "--request-timeout", "1.5",
+            "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    for strategy in ("inflight", "overlap"):
+        df = pd.read_parquet(out / strategy / "requests.parquet")
+        failed, ok = df[df["status"] == "failed"], df[df["status"] == "finished"]
+        assert len(failed) and len(ok), strategy
+        assert failed["finish_reason"].str.startswith("timeout").all()
+        assert ((failed["failed_s"] - failed["arrival_s"]) >= 1.5).all()
+        assert ((failed["failed_s"] - failed["arrival_s"]) < 1.6).all()  # within a step of it
+        assert (ok["e2el_ms"] < 1500 + 100).all()
+        # the engine let them go: requests admitted after the first ones failed still finished
+        assert ok["admitted_s"].max() > failed["failed_s"].min()

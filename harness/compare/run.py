@@ -35,7 +35,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-HEADLINE = [("ttft_ms", "mean"), ("ttft_ms", "median"), ("e2el_ms", "mean"), ("tpot_ms", "mean")]
+HEADLINE = [("ttft_ms", "mean"), ("ttft_ms", "median"), ("ttft_ms", "p90"), ("ttft_ms", "p99"), ("e2el_ms", "mean"),
+            ("e2el_ms", "median"), ("e2el_ms", "p90"), ("e2el_ms", "p99"), ("tpot_ms", "mean")]
 
 
 def compare_run(run: Path, measured: list[Path], strategy: str | None = None,
@@ -73,7 +74,8 @@ def compare_run(run: Path, measured: list[Path], strategy: str | None = None,
 
 
 def headline(table: pd.DataFrame) -> str:
-    """One line per strategy and stage: TTFT mean and median, E2E mean, TPOT, predicted vs measured."""
+    """One line per strategy and stage: TTFT and E2E mean, median, p90 and p99, TPOT, and the failed requests where the
+    measured run had some, predicted vs measured."""
     lines = []
     for (strategy, source, stage), g in table.groupby(["strategy", "source", "stage"], sort=False):
         parts = []
@@ -82,6 +84,9 @@ def headline(table: pd.DataFrame) -> str:
             if len(row):
                 r = row.iloc[0]
                 parts.append(f"{metric[:-3]} {stat} {r.predicted:,.1f} vs {r.measured:,.1f} ms ({r.rel_error:+.1%})")
+        failed = g[(g["metric"] == "failed_pct") & (g["measured"] > 0)]
+        if len(failed):  # where the measured client gave up on requests: how many the replay's did
+            parts.append(f"failed {failed.iloc[0].predicted:.1f}% vs {failed.iloc[0].measured:.1f}%")
         sat = g[g["metric"] == "saturated_pct"]
         if len(sat):
             parts.append(f"saturated {sat.iloc[0].predicted:.0f}%")

@@ -1,5 +1,5 @@
-"""The options of a run against an OpenAI-compatible server (``--endpoint``): slotbench's trace and records, the
-requests sent over HTTP instead of to a strategy (``harness/endpoint/``)."""
+"""The options of a run's client: its time-out, and a run against an OpenAI-compatible server (``--endpoint``):
+slotbench's trace and records, the requests sent over HTTP instead of to a strategy (``harness/endpoint/``)."""
 
 from __future__ import annotations
 
@@ -29,8 +29,14 @@ class EndpointOptions:
                                       "preset)")
     scrape_interval: float | None = opt(None, "--endpoint: read the server's /metrics every S seconds into "
                                               "<label>/server_metrics.parquet")
+    request_timeout: float | None = opt(None, "seconds a client waits for a request's whole response before it gives "
+                                              "up: the request fails and the engine aborts it (default: none; with "
+                                              "--workload-config, the load generator's: inference-perf's "
+                                              "load.request_timeout, or aiohttp's 300 s where it is null)")
 
     def check_endpoint(self) -> None:
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise UserError(f"--request-timeout must be positive, got {self.request_timeout}")
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, "tokenizer.json")):
             raise UserError(f"--tokenizer {self.tokenizer}: no tokenizer.json there")
         if self.endpoint is None:

@@ -42,6 +42,8 @@ class Trace:
     skipped: int = 0  # rows the format defines as failed requests (BurstGPT: zero response tokens)
     notes: tuple[str, ...] = field(default=())  # things the loader fixed and says once (e.g. "sorted")
     stages: tuple[tuple[float, float, float], ...] = ()  # a workload's load stages: (start s, end s, rate req/s)
+    request_timeout_s: float | None = None  # a load generator's client time-out (harness/source.py), if it has one
+    max_concurrency: int | None = None  # a load generator's cap on requests in flight, if it has one
 
     def __len__(self) -> int:
         return len(self.requests)

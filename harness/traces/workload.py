@@ -19,6 +19,9 @@ Requests are built as inference-perf builds them (its generator of February 2026
   (inference-perf starts a stage once the previous one's requests have finished: a replay does not wait
   for that drain, a few seconds at the measured runs' loads. ``load.interval``, which that generator reads
   but never uses, is accepted and ignored.)
+- the client as inference-perf's: a request not complete ``load.request_timeout`` seconds after it was sent fails
+  (where that is null, aiohttp's default session time-out, 300 s: the measured reasoning run's 4,068 failures took
+  300.0-301.0 s), and at most num_workers x worker_max_concurrency requests are in flight.
 
 The server tokenises the generator's text again: a measured run's ``prompt_tokens`` (BOS included) are
 ~5% longer than system prompt + question. Where the file states them (the JSON), the replayed prompts are
@@ -82,6 +85,11 @@ class Workload:
     question: Dist | None = None
     ignore_eos: bool = False
     seed: int | None = None  # the file's own; else the run's --seed
+    # the client's: its time-out of a whole request (inference-perf's load.request_timeout; where that is null, the
+    # aiohttp session's default total time-out, 300 s) and its cap on requests in flight (num_workers x
+    # worker_max_concurrency; None where the file does not say both)
+    request_timeout_s: float = 300.0
+    max_concurrency: int | None = None
 
     def stage_bounds(self) -> list[tuple[float, float]]:
         ends = np.cumsum([s.duration_s for s in self.stages])
@@ -135,24 +143,59 @@ def _stages(load: dict, kind: str) -> tuple[Stage, ...]:
     return tuple(out)
 
 
+def _refuse_set(obj: dict, key: str, where: str, why: str) -> None:
+    """A key that would change the replay in a way it cannot honour: refused when set (null or empty: absent)."""
+    if obj.get(key) not in (None, [], {}):
+        raise UserError(f"workload config: {where}{key} is set: {why}")
+
+
+def _client(load: dict) -> dict:
+    """The client's time-out and concurrency cap, as inference-perf applies them (Workload's fields)."""
+    out: dict = {}
+    timeout = load.get("request_timeout")
+    if timeout is not None:  # null (or 0): no time-out of inference-perf's, so aiohttp's default applies
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+            raise UserError(f"workload config: load.request_timeout must be seconds >= 0, got {timeout!r}")
+        if timeout:
+            out["request_timeout_s"] = float(timeout)
+    try:
+        workers, per = load.get("num_workers"), load.get("worker_max_concurrency")
+        if workers is not None and per is not None:  # each worker holds a permit per request in flight
+            conns = load.get("worker_max_tcp_connections")
+            out["max_concurrency"] = int(workers) * min(int(per), int(conns) if conns is not None else int(per))
+    except (TypeError, ValueError):
+        raise UserError("workload config: load.num_workers and worker_max_* must be integers") from None
+    if out.get("max_concurrency", 1) <= 0:
+        raise UserError("workload config: load.num_workers and worker_max_* must be positive")
+    return out
+
+
 def parse_inference_perf(cfg: dict) -> Workload:
-    """An inference-perf config (the keys this replay honours; others refused by name)."""
-    _only(cfg, ("load", "api", "server", "tokenizer", "data", "metrics", "report", "storage"), "")
+    """An inference-perf config, as inference-perf dumps it (null and empty keys included): what changes the replay is
+    honoured, what does not (headers, tokenizer, reports, storage, the model server's address) is accepted, and a
+    key that is set and cannot be honoured is refused by name."""
+    _only(cfg, ("load", "api", "server", "tokenizer", "data", "metrics", "report", "storage", "circuit_breakers"), "")
+    _refuse_set(cfg, "circuit_breakers", "", "circuit breakers end a stage on its failures, which a replay does not")
     load, data, api = _section(cfg, "load"), _section(cfg, "data"), _section(cfg, "api")
-    _only(load, ("type", "stages", "interval", "num_workers", "worker_max_concurrency"), "load")
+    _only(load, ("type", "stages", "interval", "num_workers", "worker_max_concurrency", "worker_max_tcp_connections",
+                 "sweep", "circuit_breakers", "request_timeout"), "load")
+    _refuse_set(load, "sweep", "load.", "a sweep measures its own stages first; give the stages it chose")
+    _refuse_set(load, "circuit_breakers", "load.", "circuit breakers end a stage on its failures, which a replay does "
+                                                    "not")
     kind = load.get("type", "constant")
     if kind not in LOADS:
         raise UserError(f"workload config: load.type {kind!r} is not supported (supported: {', '.join(LOADS)})")
-    _only(api, ("type", "streaming"), "api")
+    _only(api, ("type", "streaming", "headers"), "api")
     if api.get("type", "completion") not in APIS:
         raise UserError(f"workload config: api.type {api.get('type')!r} is not supported ({', '.join(APIS)})")
     dtype = data.get("type", "shared_prefix")
     if dtype not in DATA_TYPES:
         raise UserError(f"workload config: data.type {dtype!r} is not supported (supported: {', '.join(DATA_TYPES)})")
     server = _section(cfg, "server")
-    common = {"load": kind, "stages": _stages(load, kind), "ignore_eos": bool(server.get("ignore_eos", False))}
-    if dtype == "shared_prefix":
-        _only(data, ("type", "shared_prefix"), "data")
+    common = {"load": kind, "stages": _stages(load, kind), "ignore_eos": bool(server.get("ignore_eos", False)),
+              **_client(load)}
+    if dtype == "shared_prefix":  # its generator reads none of data's other keys
+        _only(data, ("type", "shared_prefix", "path", "input_distribution", "output_distribution"), "data")
         sp = _section(data, "shared_prefix", "data.")
         _only(sp, ("num_groups", "num_unique_system_prompts", "num_prompts_per_group", "num_users_per_system_prompt",
                    "system_prompt_len", "question_len", "output_len", "question_distribution", "output_distribution",
@@ -166,7 +209,7 @@ def parse_inference_perf(cfg: dict) -> Workload:
                         question=_dist(sp.get("question_distribution", sp.get("question_len", 50)), "question_len"),
                         output=_dist(sp.get("output_distribution", sp.get("output_len", 50)), "output_len"),
                         seed=sp.get("seed"), **common)
-    _only(data, ("type", "input_distribution", "output_distribution"), "data")
+    _only(data, ("type", "input_distribution", "output_distribution", "path", "shared_prefix"), "data")
     for key in ("input_distribution", "output_distribution"):
         if key not in data:
             raise UserError(f"workload config: data.type {dtype} needs data.{key}")

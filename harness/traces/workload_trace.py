@@ -72,4 +72,5 @@ def workload_trace(w: Workload, path: str, seed: int, vocab_size: int) -> Trace:
         reqs = [TraceRequest(float(arrivals[i]), int(inp[i]), int(out[i]), stage=int(stage[i]), sampling=sampling)
                 for i in range(n)]
     bounds = tuple((s, e, st.rate) for (s, e), st in zip(w.stage_bounds(), w.stages, strict=True))
-    return Trace(tuple(reqs), path, f"workload:{w.data}/{w.load}", stages=bounds)
+    return Trace(tuple(reqs), path, f"workload:{w.data}/{w.load}", stages=bounds, request_timeout_s=w.request_timeout_s,
+                 max_concurrency=w.max_concurrency)
