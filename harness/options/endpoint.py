@@ -44,6 +44,8 @@ class EndpointOptions:
                 if getattr(self, name) is not None:
                     raise UserError(f"--{name.replace('_', '-')} applies to --endpoint runs only")
             return
+        if self.request_timeout is not None:  # (a workload config's time-out is not kept there either)
+            raise UserError("--request-timeout: an --endpoint run's client keeps no time-out of its own yet")
         if not self.endpoint.startswith(("http://", "https://")):
             raise UserError(f"--endpoint {self.endpoint!r}: expected an http(s):// base URL, e.g. http://host:8000/v1")
         if self.api_key_env is not None and self.api_key_env not in os.environ:
