@@ -180,9 +180,9 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def _cmd_step_cost(args: argparse.Namespace) -> int:
+    from harness.step_cost import parse_pieces
     from strategies.runtime.sim.build import cost_model
     from strategies.runtime.sim.config import SimConfig
-    from strategies.runtime.sim.step_cost import parse_pieces
 
     try:
         sim = SimConfig(gpu=args.gpu, model_spec=args.model_spec, tp=args.tp, ep=args.ep, profile=args.profile,

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.calibrate.op_profile import load_op_tables
+from harness.step_cost import parse_pieces
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.sim.build import cost_model
@@ -18,7 +19,6 @@ from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.gemm_table import gemm_key
 from strategies.runtime.sim.kernels import GEMMS
 from strategies.runtime.sim.profile import DeviceProfile
-from strategies.runtime.sim.step_cost import parse_pieces
 from tests.util import cli
 
 pytestmark = pytest.mark.xdist_group("gemm-table")  # one worker: its module fixture is built once

@@ -23,12 +23,12 @@ import pandas as pd
 import pytest
 
 from harness.calibrate.op_profile import load_op_tables
+from harness.step_cost import _ROW
 from strategies.runtime.batch import BatchWork, ContextChunk, ScheduledBatch
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.kernels import ELEMENTWISE, GEMMS
 from strategies.runtime.sim.profile import DeviceProfile
-from strategies.runtime.sim.step_cost import _ROW
 from tests.util import data_rows
 
 LAYERS = 32
