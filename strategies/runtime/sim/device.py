@@ -27,9 +27,8 @@ class VirtualClock(Clock):
         self.host_s_per_iteration = host_s_per_iteration
         self.host_s_per_request = host_s_per_request
         self.serving = serving  # None: a client sees tokens when the host holds them
-        # each engine's front end (the serving path's one output process), by id(engine): the engine (held, so
-        # that its id is never reused while the clock lives) and when the front end is done with its last step
-        self._front_end: dict[int, tuple[object, float]] = {}
+        # each engine's front end (the serving path's one output process): when it is done with its last step
+        self._front_end: dict[object, float] = {}
         super().__init__()
         self.reset()
 
@@ -66,9 +65,8 @@ class VirtualClock(Clock):
         fewer rows it has."""
         if self.serving is None:
             return now
-        _, free = self._front_end.get(id(engine), (engine, 0.0))
-        done = max(now, free) + self.serving.per_row_s * rows
-        self._front_end[id(engine)] = (engine, done)
+        done = max(now, self._front_end.get(engine, 0.0)) + self.serving.per_row_s * rows
+        self._front_end[engine] = done
         return done + self.serving.fixed_s
 
     def charge_host(self, phase: str, requests: int) -> None:

@@ -145,9 +145,14 @@ class DeviceProfile:
         moved = spilled_bytes(nbytes, self.elem_spill[op], self.gpu.l2_bytes)
         return self.elem_latency(op) + moved / (self.gpu.mem_bw * self.elem_eff_bw[op])
 
+    def nccl_link(self, workers: int) -> tuple[float, float]:
+        """NCCL's (latency s, link efficiency) among ``workers`` GPUs: fitted for that count, else the shared pair."""
+        lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
+        return float(lat), float(eff)
+
     def allreduce_s(self, nbytes: float, workers: int) -> float:
         """One ring all-reduce of ``nbytes`` over ``workers`` GPUs."""
-        lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
+        lat, eff = self.nccl_link(workers)
         return lat + ring_allreduce_bytes(nbytes, workers) / (self.gpu.link_bw * eff)
 
     def tp_allreduce_s(self, nbytes: float, workers: int, bf16: bool) -> float:
@@ -161,13 +166,13 @@ class DeviceProfile:
     def allgather_s(self, nbytes: float, workers: int) -> float:
         """One NCCL all-gather whose result is ``nbytes`` on each of ``workers`` GPUs: half a ring all-reduce's
         traffic."""
-        lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
+        lat, eff = self.nccl_link(workers)
         return lat + ring_allreduce_bytes(nbytes, workers) / 2 / (self.gpu.link_bw * eff)
 
     def all_to_all_s(self, nbytes: float, workers: int) -> float:
         """One all-to-all in which each of ``workers`` GPUs sends ``nbytes`` (expert parallelism's dispatch or
         combine): the all-reduce's latency and link efficiency for that many GPUs, one pass over the link."""
-        lat, eff = (self.allreduce_by_workers or {}).get(str(workers), (self.allreduce_latency_s, self.link_eff))
+        lat, eff = self.nccl_link(workers)
         return lat + nbytes / (self.gpu.link_bw * eff)
 
     def gemm_s(self, op: str, tokens: float, rows: int, cols: int, tp: int, dtype_bytes: int) -> float:
