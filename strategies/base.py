@@ -1,8 +1,9 @@
 """A slotbench strategy: the shared runtime, the three parts of a step — schedule (host) → forward + sample
 (device) → postprocess (host) — and the parts a strategy is given (``parts.py``): a scheduling ``policy``, a
-``drafter`` (``drafting.py``), a fleet ``role`` (``fleet.py``, ``disagg/workers.py``), a ``recorder``. A
-concrete strategy subclasses ``Strategy`` once; its file holds its whole loop. The runtime underneath is the
-same for all, so a difference between strategies in a report comes from scheduling alone.
+``drafter`` (``drafting.py``), a fleet ``role`` (``fleet.py``, ``disagg/workers.py``), a ``recorder``. The loop
+is the engine core's (``core/engine_core.py``), the same for all: a concrete strategy subclasses ``Strategy``
+once and says its depth (steps in flight), its policy and its hooks. The runtime underneath is the same for all,
+so a difference between strategies in a report comes from scheduling alone.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections import deque
 from typing import TYPE_CHECKING, ClassVar
 
 from strategies.config import ExecutorConfig
+from strategies.core.engine_core import EngineCore, Step
+from strategies.core.local_engine import engine_sizes, local_engine
 from strategies.drafting import build_drafter
 from strategies.interface import Executor, ExecutorStalled, RequestSource
 from strategies.parts import Policy, Role
@@ -23,10 +26,8 @@ from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.slots import SlotManager, SlotTenure
 from strategies.runtime.decoder.finish import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.device.clock import Clock
-from strategies.runtime.device.factory import make_stream
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceWork
-from strategies.runtime.engine import Engine
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.models.config import ModelConfig
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
 class Strategy(Executor):
     """A slotbench executor: the shared runtime, arranged by a loop of schedule → launch → postprocess."""
 
-    num_buffer_sets: ClassVar[int] = 1
+    depth: ClassVar[int] = 1  # steps in flight (each in a buffer set of its own): the engine core's queue
     separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
     pipeline_stages: ClassVar[int] = 1  # stages the device is split into (the pipeline strategy's --pp)
     holds_finished_rows: ClassVar[bool] = False  # a finished request keeps its slot until the batch ends (static)
@@ -56,10 +57,7 @@ class Strategy(Executor):
         self.label = role.label if role is not None else self.name
         self.nvtx = Nvtx(config.instrument)
         c = config
-        sizes = {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": self.max_tokens_per_step(),
-                 "max_batch": c.max_batch_size, "num_buffer_sets": self.num_buffer_sets,
-                 "num_blocks": c.total_kv_blocks, "tokens_per_block": c.tokens_per_block, "max_beam": c.max_beam_width,
-                 "max_drafts": c.speculative.num_speculative_tokens if c.speculative else 0}
+        sizes = engine_sizes(c, self.max_tokens_per_step(), self.depth)
         if c.device == "sim":
             from strategies.runtime.sim.build import sim_engine
 
@@ -70,6 +68,7 @@ class Strategy(Executor):
         else:
             self.stream, self.engine = self._local_engine(sizes)
         self.stream.ready()  # the engine's tensors exist: the device orders its work after their fills
+        self.core = EngineCore(self, self.engine.buffer_sets, self.depth)
         self.slots = SlotManager(c.max_batch_size)
         self.progress = SlotProgress(c.max_batch_size)  # running requests' counters and tokens, per slot
         self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
@@ -81,7 +80,7 @@ class Strategy(Executor):
         self.running = RunningRequests(c.max_batch_size)  # admission order, each request's slot beside it
         self._admissions = 0
         self._scheduling = -1  # the iteration whose schedule runs now (admissions start their slot tenure there)
-        self._last_scheduled = -1  # the last iteration scheduled with work: a release's last computed step
+        self.last_scheduled = -1  # the last iteration scheduled with work: a release's last computed step
         self._phase = HostPhase(self)  # ``with self._phase(rec, "schedule"):`` times a host phase into rec
         self.recorder = StepRecorder(self.clock, self.slots, self.kv, self.waiting, self.records,
                                      role.label if role is not None else "")
@@ -96,7 +95,7 @@ class Strategy(Executor):
 
     def run(self, source: RequestSource) -> None:
         self.source = source
-        self._loop()
+        self.core.run()
 
     def close(self) -> None:
         """Stop the device streams and drop the device's tensors: nothing of it stays on the card."""
@@ -104,7 +103,7 @@ class Strategy(Executor):
             self.drafter.close()
             self.drafter = None
         self.stream.close()
-        self.slots.close_open(self._last_scheduled)
+        self.slots.close_open(self.last_scheduled)
         self.engine = None  # type: ignore[assignment]
 
     def inject_fault(self, iteration: int) -> None:
@@ -118,7 +117,7 @@ class Strategy(Executor):
         if r in self.waiting:
             self.waiting.remove(r)
         elif not self.holds_finished_rows:
-            self._release(r, "aborted")
+            self.release(r, "aborted")
         r.end(Status.FAILED, reason, self.clock.now())
         self.source.on_finished(r)
 
@@ -129,18 +128,8 @@ class Strategy(Executor):
         """(stream, engine) of a device this process drives, for the strategy's model or a draft model's."""
         if cfg is None and self.role is not None:  # the strategy's own engine: what its fleet role adds
             sizes = {**sizes, **self.role.engine_sizes(self.model_cfg, self.config)}
-        c, cfg, model = self.config, cfg or self.model_cfg, self.model if model is None else model
-        stream = make_stream(c.device, self.clock, self.nvtx, c.device_threads, c.memory, c.cpu_device)
-        try:
-            if cfg.is_encoder_decoder:
-                from strategies.runtime.encdec_engine import EncoderDecoderEngine
-
-                return stream, stream.build_engine(EncoderDecoderEngine, cfg, model,
-                                                   cross_blocks=c.total_cross_kv_blocks, **sizes)
-            return stream, stream.build_engine(Engine, cfg, model, **sizes)
-        except BaseException:  # a refused size: no worker thread or CPU budget is left behind
-            stream.close()
-            raise
+        return local_engine(self.config, self.clock, self.nvtx, sizes, cfg or self.model_cfg,
+                            self.model if model is None else model)
 
     def _process_engine(self, sizes: dict) -> tuple:
         """(stream, engine) of a device made of other processes (pipeline stages)."""
@@ -150,22 +139,20 @@ class Strategy(Executor):
         return self.config.max_num_tokens
 
     @abstractmethod
-    def _loop(self) -> None:
-        """The strategy's arrangement of the three parts, until ``_intake`` says nothing is left."""
-
-    @abstractmethod
     def schedule(self, iteration: int) -> ScheduledBatch: ...
 
     def rejection(self, r: Request) -> str | None:
         reason = super().rejection(r)
         return reason if reason is not None else self.policy.rejection(r)
 
-    def _step(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> None:
-        """One step, synchronously: launch it, wait for it, postprocess it."""
-        self._wait(rec, self._launch(rec, batch, bufs))
-        self._postprocess(rec, bufs)
+    # --- hooks of the engine core (``core/engine_core.py``) -------------------------------------------
+    def launching(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> None:
+        """``batch`` is about to be launched in ``bufs``."""
 
-    def _intake(self) -> bool:
+    def retired(self, step: Step) -> None:
+        """``step`` was postprocessed."""
+
+    def intake(self) -> bool:
         """Move arrived requests into the queue; False once there is nothing left to do."""
         assert self.source is not None
         for r in self.source.poll(self.clock.now()):
@@ -176,7 +163,7 @@ class Strategy(Executor):
                 self._reject(r, reason)
         return bool(self.waiting or self.running or not self.source.exhausted)
 
-    def _idle(self) -> None:
+    def idle(self) -> None:
         assert self.source is not None
         nxt = self.source.next_arrival_s()
         if nxt is None:
@@ -187,30 +174,42 @@ class Strategy(Executor):
     def _admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
         """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
         slot = self.slots.acquire(r.request_id, self._scheduling, r.width)
-        r.admit(slot, self._admissions, len(hits) * self.kv.tokens_per_block, self.clock.now(), self.progress)
-        self._admissions += 1
+        self.adopt(r, slot, len(hits) * self.kv.tokens_per_block, self.clock.now())
         self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
         if self.cross_kv is not None:
             self.cross_kv.admit(slot, [], r.encoder_len)
+
+    def adopt(self, r: Request, slot: int, computed: int, now_s: float | None = None) -> None:
+        """Run ``r`` from the next schedule in ``slot``, whose blocks hold (or will hold) its first ``computed``
+        tokens' KV: a prefix hit, or a disaggregated decode worker's transfer into blocks taken before it."""
+        r.admit(slot, self._admissions, computed, now_s, self.progress)
+        self._admissions += 1
         self.running.append(r)
 
-    def _release(self, r: Request, end: str = "finished") -> None:
+    def schedulable(self) -> RunningRequests:
+        """The running requests a schedule may give rows: all but, on a prefill worker, the ones whose last
+        chunk is launched (under overlap it has not come back yet; they never decode there)."""
+        if self.role is None or self.role.decodes or all(r.is_prefilling for r in self.running):
+            return self.running
+        return self.running.select([r.is_prefilling for r in self.running], len(self.running))
+
+    def release(self, r: Request, end: str = "finished") -> None:
         """Give back ``r``'s slot and blocks; ``end`` (finished | preempted) closes its slot tenure."""
         if r.slot is not None:
             self.kv.release(r.slot, r)
             if self.cross_kv is not None:
                 self.cross_kv.release(r.slot, r)
-            self.slots.release(r.slot, r.request_id, self._last_scheduled, end)
+            self.slots.release(r.slot, r.request_id, self.last_scheduled, end)
             r.leave_slot()
         self.running.discard(r)  # (static keeps finished requests' slots; a preempted one is not running)
 
     def _preempt(self, r: Request) -> None:
         """Free ``r``'s slot and blocks, requeued at the front: it recomputes what it had (max-utilization)."""
-        self._release(r, "preempted")
+        self.release(r, "preempted")
         r.preempt()
         self.waiting.appendleft(r)
 
-    def _schedule_phase(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
+    def schedule_step(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
         if self.iteration_hook is not None:
             self.iteration_hook(iteration)
         rec = IterationRecord(iteration)
@@ -227,10 +226,10 @@ class Strategy(Executor):
                     self.slots.prefilled(c.request.slot, iteration)
         self.recorder.scheduled(rec, batch)
         if batch:
-            self._last_scheduled = iteration
+            self.last_scheduled = iteration
         return rec, batch
 
-    def _launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
+    def launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
         if self.drafter is not None and batch.verify:  # the draft's passes first: the step verifies their tokens
             rec.draft_start_s = self.clock.now()
             self.drafter.propose(batch.verify, self.kv.tables)
@@ -243,10 +242,10 @@ class Strategy(Executor):
         self.recorder.launched(rec, bufs)
         return work
 
-    def _wait(self, rec: IterationRecord, work: DeviceWork) -> None:
+    def wait(self, rec: IterationRecord, work: DeviceWork) -> None:
         self.recorder.waited(rec, work, self.stream.wait(work))
 
-    def _postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
+    def postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
         """Hand each sampled token to its request; finish the ones the device says are done. Rows the
         device computed for a request it knew to be finished (static's done rows, overlap's one extra
         step) are padding. A finished beam request's sequences are read back before its slot is let go.
@@ -291,7 +290,7 @@ class Strategy(Executor):
 
     def _finish(self, r: Request, reason: str) -> None:
         if not self.holds_finished_rows:  # (static: the row stays in its batch, as padding, to the batch's end)
-            self._release(r)
+            self.release(r)
         if r.status is Status.WAITING and r in self.waiting:  # overlap: preempted with its last token on the device
             self.waiting.remove(r)
         r.end(Status.FINISHED, reason)

@@ -1,6 +1,6 @@
 """The drafter part: a draft model's engine for a strategy whose verifying steps take their drafts from one
 (static, in-flight, overlap; ``strategies/runtime/spec/draft_model.py``). The strategy runs its passes just
-before a verifying step is launched (``Strategy._launch``); under overlap that is while the previous step runs,
+before a verifying step is launched (``Strategy.launch``); under overlap that is while the previous step runs,
 and a row whose last token is still on the device drafts past the draft's guess of it.
 
 No drafter is built for n-gram drafts (the scheduling policy finds them in the request's own tokens) nor on

@@ -1,10 +1,11 @@
-"""Several engines behind one host loop: the in-flight strategy's steps on N devices at once.
+"""Several engines behind one host loop: a strategy's steps on N devices at once.
 
-A fleet's workers are in-flight strategies, each given a role (``ReplicaRole``; disagg's prefill and decode
-roles) and each with an engine, slots, KV pool and device stream of its own
-(on the simulated device each is a GPU, or a TP group, of its own on one virtual clock). The loop is the
-in-flight loop spread over them: every idle worker schedules and launches its next step, then the host takes
-whichever step finishes first and postprocesses it. Two fleets:
+A fleet's workers are in-flight (or overlap) strategies, each given a role (``ReplicaRole``; disagg's prefill and
+decode roles) and each with an engine, slots, KV pool and device stream of its own
+(on the simulated device each is a GPU, or a TP group, of its own on one virtual clock). The fleet drives each
+worker's engine core (``core/engine_core.py``) through its public calls: every worker with room in its step
+queue schedules and launches its next step, then the host takes whichever due step finishes first and
+postprocesses it — the engine core's loop, spread over the workers. Two fleets:
 
 - ``Replicas`` (``--num-replicas N`` with inflight): N colocated engines behind a router that sends each
   arrival to the replica with the fewest tokens still to compute, or to each in turn (``--router``) — the
@@ -21,15 +22,14 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from strategies.base import Strategy
 from strategies.config import ExecutorConfig
+from strategies.core.engine_core import Step
 from strategies.inflight.executor import InflightStrategy
 from strategies.interface import Executor, ExecutorStalled, RequestSource
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.clock import Clock
-from strategies.runtime.device.stream import DeviceWork
-from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request, Status
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 POLL_S = 2e-4  # real devices, several steps in flight: how often the host looks for one that is done
 
 
-Worker = InflightStrategy  # a fleet's worker: the in-flight strategy given a role (``role``), not a subclass
+Worker = Strategy  # a fleet's worker: the in-flight or overlap strategy given a role (``role``), not a subclass
 
 
 class ReplicaRole:
@@ -48,10 +48,10 @@ class ReplicaRole:
     prefill and decode roles add the KV transceiver's side (``strategies/disagg/workers.py``)."""
 
     kind = "replica"
+    decodes = True  # its worker computes every token of a request
 
     def __init__(self, index: int = 0) -> None:
         self.label = f"{self.kind}{index}"  # records' ``worker`` column
-        self.next_iteration = 0  # this worker's step count (each worker numbers its own steps)
         self.worker: Worker  # the strategy this role is part of (``attach``)
 
     def attach(self, worker: Worker) -> None:
@@ -140,19 +140,23 @@ class Fleet(Executor):
         self.source = source
         for w in self.workers:
             w.source = source
-        steps: dict[Worker, tuple] = {}  # worker → (record, device work, buffer set) of its step in flight
-        while self._intake() or steps or self._pending():
+        while self._intake() or any(w.core.queue for w in self.alive) or self._pending():
             self._between_steps()
+            due: dict[Worker, Step] = {}  # each worker's oldest step, where it must be waited for (``due``)
+            launched = False
             for w in self.alive:
-                if w not in steps:
-                    launched = self._launch(w)
-                    if launched is not None:
-                        steps[w] = launched
-            if steps or self._events_pending():
-                w = self._next_done(steps)
+                if w.core.has_room:
+                    step = w.core.launch_next()
+                    launched |= step is not None
+                    if not w.core.due(step):
+                        continue
+                if w.core.queue:
+                    due[w] = w.core.queue[0]
+            if due or self._events_pending():
+                w = self._next_done(due)
                 if w is not None:
-                    self._finish(w, *steps.pop(w))
-            else:  # nothing runs: only an arrival can bring work
+                    self._finish(w)
+            elif not launched:  # nothing runs: only an arrival can bring work
                 self._idle()
         if self.error is not None:
             raise RuntimeError(self.error)
@@ -196,30 +200,21 @@ class Fleet(Executor):
             return entry[(self._routed - 1) % len(entry)]
         return min(entry, key=_load)
 
-    def _launch(self, w: Worker) -> tuple | None:
-        rec, batch = w._schedule_phase(w.role.next_iteration)
-        if not batch:
-            return None
-        bufs = w.engine.buffer_sets[0]
-        w.role.next_iteration += 1
-        return rec, w._launch(rec, batch, bufs), bufs
-
-    def _finish(self, w: Worker, rec: IterationRecord, work: DeviceWork, bufs: BufferSet) -> None:
+    def _finish(self, w: Worker) -> None:
         try:
-            w._wait(rec, work)
-            w._postprocess(rec, bufs)
+            w.core.finish_oldest()
         except Exception as exc:  # the worker's device failed: its requests fail, the others go on
             self._died(w, exc)
             return
         self._after_step(w)
 
-    def _next_done(self, steps: dict[Worker, tuple]) -> Worker | None:
+    def _next_done(self, steps: dict[Worker, Step]) -> Worker | None:
         """The worker whose step to postprocess next, or None when the loop should go round first (another
         event came first, or an arrival for an idle entry worker)."""
         assert self.source is not None
         idle_entry = any(w not in steps for w in self.entry())
         if self.config.device == "sim":  # every end is known: take the earliest event on the virtual clock
-            ends = {w: max(t for _, t in s[1].times.values()) for w, s in steps.items()}
+            ends = {w: max(t for _, t in s.work.times.values()) for w, s in steps.items()}
             first = min(ends.values(), default=float("inf"))
             nxt = self.source.next_arrival_s() if idle_entry else None
             event = self._next_event_s()
@@ -230,8 +225,8 @@ class Fleet(Executor):
                 self.clock.sleep_until(event)
                 return None
             return min(ends, key=ends.__getitem__)
-        for w, (_, work, _) in steps.items():
-            if w.stream.query(work):
+        for w, step in steps.items():
+            if w.stream.query(step.work):
                 return w
         if len(steps) == 1 and not self._events_pending() and not idle_entry:
             return next(iter(steps))  # nothing else can happen before it ends: block on it

@@ -26,6 +26,7 @@ class Role(Protocol):
     """A strategy as one worker of a fleet: ``fleet.ReplicaRole``, ``disagg/workers.py``'s prefill and decode."""
 
     label: str  # the worker's name in the records (prefill0, decode1, replica0)
+    decodes: bool  # its worker computes tokens past a request's first (not a prefill worker)
 
     def attach(self, worker: object) -> None:
         """Called once, when the strategy's runtime exists."""

@@ -58,6 +58,17 @@ class IterationScheduler:
                     f"({self.config.max_num_tokens}) without chunked prefill")
         return None
 
+    def reservation(self, r: Request, tokens_now: int) -> int:
+        """Tokens whose blocks ``r`` takes at admission: all it may reach (guaranteed-no-evict), or what its
+        first step computes (max-utilization: it grows as it runs)."""
+        return r.prompt_len + r.max_new_tokens if self.guaranteed else tokens_now
+
+    def fits(self, r: Request, hits: list[int], reserve: int, busy: bool) -> bool:
+        """Whether ``r``'s admission (cached blocks ``hits``, ``reserve`` tokens) leaves the watermark free while
+        others run (``busy``); alone, a request may use the whole cache."""
+        spare = self.watermark if busy else 0
+        return self.kv.admission_blocks(hits, reserve, r) <= self.kv.free_blocks - spare
+
     def schedule(self, iteration: int, waiting: deque[Request], running: list[Request], free_slots: int,
                  admit: Admit, preempt: Preempt) -> ScheduledBatch:
         batch = ScheduledBatch(iteration)
@@ -92,9 +103,8 @@ class IterationScheduler:
             n = min(todo, budget - enc)
             if n < todo and not self._may_chunk(r):
                 break
-            reserve = r.prompt_len + r.max_new_tokens if self.guaranteed else len(hits) * tpb + n
-            spare = self.watermark if running else 0  # alone, a request may use the whole cache
-            if self.kv.admission_blocks(hits, reserve, r) > self.kv.free_blocks - spare:
+            reserve = self.reservation(r, len(hits) * tpb + n)
+            if not self.fits(r, hits, reserve, busy=bool(running)):
                 break
             waiting.popleft()
             admit(r, hits, reserve)

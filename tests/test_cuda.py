@@ -149,7 +149,7 @@ def test_close_returns_once_nothing_is_queued(device, tmp_path):
     s.close()
     assert ran.exists()
     if device == "cuda":  # the hold's kernel and the work after it have completed
-        assert last._events[-1][2].query()
+        assert last.events[-1][2].query()
 
 
 @pytest.mark.parametrize("device", DEVICES)

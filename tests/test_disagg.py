@@ -47,7 +47,8 @@ def _specs(n: int = 12, seed: int = 0, prompt: tuple[int, int] = (5, 40)) -> lis
 
 
 def _config(**kw) -> ExecutorConfig:
-    d = {k: kw.pop(k) for k in ("num_prefill_workers", "num_decode_workers", "kv_transfer_buffer_mb") if k in kw}
+    d = {k: kw.pop(k) for k in ("num_prefill_workers", "num_decode_workers", "kv_transfer_buffer_mb",
+                                "worker_strategy") if k in kw}
     return ExecutorConfig(**{"max_batch_size": 4, "max_seq_len": 64, "max_num_tokens": 32, **kw},
                           disagg=DisaggConfig(**{"kv_transfer_buffer_mb": 0.001, **d}))
 
@@ -68,7 +69,13 @@ def _assert_all_returned(s) -> None:
     {"prefix_caching": True},  # on the prefill side
     {"chunked_prefill": False, "max_num_tokens": 64},
     {"num_prefill_workers": 2, "num_decode_workers": 2, "kv_transfer_buffer_mb": 1.0},
-], ids=["process", "split", "thread", "thread-split", "preempt", "prefix", "no-chunking", "2p2d"])
+    # overlap (async scheduling) workers: each launches its next step before it waits for the last
+    {"worker_strategy": "overlap"},
+    {"worker_strategy": "overlap", "device_memory": "split"},
+    {"worker_strategy": "overlap", "capacity_policy": "max-utilization", "kv_blocks": 6},
+    {"worker_strategy": "overlap", "num_prefill_workers": 2, "num_decode_workers": 2, "kv_transfer_buffer_mb": 1.0},
+], ids=["process", "split", "thread", "thread-split", "preempt", "prefix", "no-chunking", "2p2d", "overlap",
+        "overlap-split", "overlap-preempt", "overlap-2p2d"])
 def test_tokens_equal_one_request_alone(kw):
     """Greedy and seeded-sampling tokens equal each request decoded alone, and every block and slot of
     every worker is back at the end. The default staging buffer holds one block: transfers take several
@@ -102,6 +109,14 @@ def test_tokens_equal_one_request_alone(kw):
         assert sum(rec.preemptions for rec in s.records) > 0
     if kw.get("prefix_caching"):
         assert sum(r.cached_tokens for r in requests) > 0
+    if kw.get("worker_strategy") == "overlap":  # a step of each worker was launched before the last was waited for
+        for w in s.workers:
+            assert w.core.depth == 2
+            recs = sorted((rec for rec in s.records if rec.worker == w.label), key=lambda rec: rec.iteration)
+            assert any(not rec.waited_before_next_launch for rec in recs[:-1]), w.label
+        # a prefill worker computes prompts only: none of its steps decodes (under overlap a request whose last
+        # chunk is in flight is left out of the next step, not decoded once more there)
+        assert all(rec.num_generation_requests == 0 for rec in s.records if rec.worker.startswith("prefill"))
 
 
 def test_greedy_tokens_equal_hugging_face(hf_checkpoint):
@@ -260,6 +275,29 @@ def test_simulated_transfer_costs_what_the_link_says(tmp_path):
     assert (req["prefill_first_token_s"] <= req["kv_transfer_start_s"]).all()
     assert (req["prefill_ttft_ms"] < req["ttft_ms"]).all()
     assert row["median_prefill_ttft_ms"] == pytest.approx(req["prefill_ttft_ms"].median())
+
+
+def test_overlap_workers_hide_the_host_time_inflight_workers_wait_for(tmp_path):
+    """--worker-strategy on sim, the host's time modelled (1 ms a step): with overlap workers the decode worker's
+    next step is launched while the host postprocesses the last, so the decode time a token takes (TPOT) falls
+    by close to the host's share of an in-flight step; the tokens are the same."""
+    args = ["--device", "sim", "--model-spec", "llama-3-8b", "--gpu", "h100", "--num-prompts", "60",
+            "--request-rate", "20", "--input-len", "400", "--output-len", "64", "--warmup", "0", "--no-progress",
+            "--host-time", "modelled", "--host-ms-per-iteration", "1", "--strategies", "disagg"]
+    runs = {}
+    for w in ("inflight", "overlap"):
+        p = cli("run", *args, "--worker-strategy", w, "--out", str(tmp_path / w))
+        assert p.returncode == 0, p.stderr
+        runs[w] = pd.read_parquet(tmp_path / w / "disagg" / "iterations.parquet")
+        runs[w + "_tokens"] = (tmp_path / w / "disagg" / "tokens.jsonl").read_text().count('"tokens"')
+    summary = {w: json.loads((tmp_path / w / "summary.json").read_text())[0] for w in ("inflight", "overlap")}
+    tpot = {w: summary[w]["median_tpot_ms"] for w in summary}
+    decode = runs["inflight"][runs["inflight"]["worker"] == "decode0"]
+    step_ms = ((decode["wait_s"] - decode["launch_s"]) * 1e3).median()  # an in-flight decode step, device time
+    assert tpot["overlap"] < tpot["inflight"] - 0.5, tpot  # (most of the 1 ms: the step's own host time)
+    assert tpot["overlap"] > step_ms * 0.9, (tpot, step_ms)  # never faster than the device computes
+    assert runs["inflight_tokens"] == runs["overlap_tokens"] == 60
+    assert runs["overlap"].loc[runs["overlap"]["worker"] == "prefill0", "num_generation_requests"].sum() == 0
 
 
 def test_one_run_compares_replicas_with_disagg_at_equal_gpus(tmp_path):

@@ -45,7 +45,7 @@ def _watched(fn: Callable, calls: list[str]) -> Callable:
                                            ("inflight", SpecConfig(num_speculative_tokens=3))])
 def test_host_phases_call_no_torch_function(monkeypatch, strategy, spec):
     calls: list[str] = []
-    for cls, name in ((Strategy, "_schedule_phase"), (Engine, "prepare"), (Strategy, "_postprocess")):
+    for cls, name in ((Strategy, "schedule_step"), (Engine, "prepare"), (Strategy, "postprocess")):
         monkeypatch.setattr(cls, name, _watched(getattr(cls, name), calls))
     rng = np.random.default_rng(0)
     specs = [(list(rng.integers(3, TINY64.vocab_size, int(rng.integers(4, 30)))) * 2, 12,

@@ -98,9 +98,9 @@ def _one_book(s, requests: list[Request]) -> None:
     book = s.progress
     for r in requests:
         if r.slot is None:
-            assert r._book is None, r.request_id
+            assert r.book is None, r.request_id
         else:
-            assert r._book is book and book.holder[r.slot] is r, r.request_id
+            assert r.book is book and book.holder[r.slot] is r, r.request_id
     held = {r.slot for r in requests if r.slot is not None}
     assert {i for i, h in enumerate(book.holder) if h is not None} == held
     assert all(book.key[r.slot] % 2 == (r.status is Status.RUNNING) for r in requests if r.slot is not None)
@@ -130,7 +130,7 @@ def test_a_request_takes_its_progress_with_it():
     r = Request("a", np.arange(3, 8), 100)
     r.append_token(9, 0.5)
     r.admit(1, 0, book=book)
-    assert r._book is book and book.holder[1] is r and book.key[1] == 2 * 1 + 1  # first tenure, running
+    assert r.book is book and book.holder[1] is r and book.key[1] == 2 * 1 + 1  # first tenure, running
     assert list(r.token_ids) == [3, 4, 5, 6, 7, 9] and r.token_times_s == [0.5]
     r.num_computed_tokens, r.pending_samples = 6, 2
     r.append_token(11, 0.75)  # received: in flight stays as it was (the caller counts a row read)
@@ -142,7 +142,7 @@ def test_a_request_takes_its_progress_with_it():
     r.num_output_tokens = 2
     r.pending_samples -= 1
     r.leave_slot()
-    assert r._book is None and book.holder[1] is None and book.key[1] == 2
+    assert r.book is None and book.holder[1] is None and book.key[1] == 2
     other = Request("b", np.arange(20, 30), 400)  # wider than the book's rows: they widen
     other.admit(1, 1, book=book)
     other.append_token(1, 1.0)

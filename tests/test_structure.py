@@ -109,11 +109,9 @@ def test_modules_have_at_most_300_lines():
     assert not long, long
 
 
-def class_depths(modules: dict[str, str]) -> dict[str, int]:
-    """``module.Class`` → how many of the project's classes its longest chain of bases holds, itself included
-    (a class whose bases are all outside ``modules`` — object, ABC, Protocol, list, torch's — has depth 1).
-    Bases are resolved through the module's own classes, its ``from m import Name`` imports and module-level
-    aliases (``Worker = InflightStrategy``)."""
+def class_bases(modules: dict[str, str]) -> dict[str, list[str]]:
+    """``module.Class`` → its bases among the project's classes, resolved through the module's own classes, its
+    ``from m import Name`` imports and module-level aliases (``Worker = InflightStrategy``)."""
     classes: dict[str, list[str]] = {}  # qualified class → qualified bases (unresolved ones dropped)
     for m, text in modules.items():
         tree = ast.parse(text)
@@ -131,6 +129,13 @@ def class_depths(modules: dict[str, str]) -> dict[str, int]:
             if isinstance(node, ast.ClassDef):
                 classes[f"{m}.{node.name}"] = [names[b.id] for b in node.bases
                                                if isinstance(b, ast.Name) and b.id in names]
+    return classes
+
+
+def class_depths(modules: dict[str, str]) -> dict[str, int]:
+    """``module.Class`` → how many of the project's classes its longest chain of bases holds, itself included
+    (a class whose bases are all outside ``modules`` — object, ABC, Protocol, list, torch's — has depth 1)."""
+    classes = class_bases(modules)
     depth: dict[str, int] = {}
 
     def of(c: str) -> int:
@@ -157,3 +162,83 @@ def test_the_depth_walk_follows_imports_and_aliases():
     a = "class A:\n    pass\nclass B(A):\n    pass\n"
     b = "from pkg.a import B\nAlias = B\nclass C(Alias):\n    pass\nclass D(C, list):\n    pass\n"
     assert class_depths({"pkg.a": a, "pkg.b": b}) == {"pkg.a.A": 1, "pkg.a.B": 2, "pkg.b.C": 3, "pkg.b.D": 4}
+
+
+# Private members of the libraries the project calls (not the project's: those it may not reach into).
+FOREIGN_PRIVATE = {"os._exit", "atexit._run_exitfuncs", "argparse._SubParsersAction", "torch.cuda._sleep"}
+
+
+def private_reaches(modules: dict[str, str]) -> list[str]:
+    """``x._name`` (not ``self``/``cls``, not a dunder) where no class or function of the module itself
+    defines ``_name``: one object reaching into another's private member across modules."""
+    found = []
+    for m, text in modules.items():
+        tree = ast.parse(text)
+        own = set()  # private names this module defines: methods, classes, functions, attributes it assigns
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                own.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                own.add(node.attr)
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                own.add(node.target.id)
+            elif isinstance(node, ast.Assign):
+                own |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute) or not node.attr.startswith("_") or node.attr.startswith("__"):
+                continue
+            if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                continue
+            if node.attr not in own and ast.unparse(node) not in FOREIGN_PRIVATE:
+                found.append(f"{m}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_object_reaches_into_another_modules_private_members():
+    """A fleet drives its workers through their public calls, a role its worker through the strategy's, a
+    stream its work through ``DeviceWork``'s: what another module's object keeps private stays so."""
+    assert not private_reaches({m: p.read_text() for m, p in source_files().items()})
+
+
+def test_the_private_reach_finder_finds_one():
+    a = "class W:\n    def _launch(self):\n        pass\n"
+    b = "def drive(w):\n    w._launch()\n    self_like = w\n    return self_like._wait\n"
+    c = "class F:\n    def _launch(self):\n        pass\n    def go(self, w):\n        w._launch()\n"
+    found = private_reaches({"pkg.a": a, "pkg.b": b, "pkg.c": c})
+    assert sorted(found) == ["pkg.b:2: w._launch", "pkg.b:4: self_like._wait"]  # (pkg.c defines its own _launch)
+
+
+# The engine core's calls: the parts of a step (its own) and its step queue's (its own loop's, and a fleet's,
+# which drives several cores).
+STEP_CALLS = {"schedule_step": {"strategies.core.engine_core"}, "postprocess": {"strategies.core.engine_core"},
+              "launch_next": {"strategies.core.engine_core", "strategies.fleet"},
+              "finish_oldest": {"strategies.core.engine_core", "strategies.fleet"}}
+
+
+def test_the_engine_core_is_the_one_loop():
+    """Every strategy runs the engine core's loop (``strategies/core/engine_core.py``): only it makes a step of
+    the parts, only it and the fleet drive a step queue, and no strategy defines a ``run`` or a loop of its own
+    — a strategy is its depth, its policy and its hooks."""
+    modules = {m: p.read_text() for m, p in source_files().items()}
+    wrong = []
+    for m, text in modules.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STEP_CALLS \
+                    and m not in STEP_CALLS[node.func.attr]:
+                wrong.append(f"{m}:{node.lineno}: {node.func.attr}")
+    assert not wrong, wrong
+    bases = class_bases(modules)
+    strategy = "strategies.base.Strategy"
+
+    def is_strategy(c: str) -> bool:
+        return c == strategy or any(is_strategy(b) for b in bases.get(c, []))
+
+    concrete = [c for c in bases if is_strategy(c) and c != strategy]
+    assert len(concrete) >= 4, concrete  # static, inflight, overlap, pipeline
+    for c in concrete:
+        m, _, name = c.rpartition(".")
+        cls = next(n for n in ast.walk(ast.parse(modules[m])) if isinstance(n, ast.ClassDef) and n.name == name)
+        loops = [n.lineno for n in ast.walk(cls) if isinstance(n, ast.While | ast.For)
+                 and "launch" in ast.unparse(n)]
+        defs = {n.name for n in cls.body if isinstance(n, ast.FunctionDef)}
+        assert not defs & {"run", "_loop", "step"} and not loops, (c, defs & {"run", "_loop", "step"}, loops)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from harness.devices import check_device, check_devices
 from harness.errors import UserError
 from harness.metrics import parse_goodput, parse_percentiles
+from harness.options.disagg import DisaggOptions
 from harness.options.endpoint import ENDPOINT, EndpointOptions
 from harness.options.field import opt as _opt
 from harness.traces import FORMATS, LENGTH_DISTS
@@ -19,14 +20,13 @@ from harness.traces.sessions import SessionShape
 from harness.traces.synthetic import RAMP_STRATEGIES, ramp_rates
 from strategies.config import CAPACITY_POLICIES, ExecutorConfig, SimConfig
 from strategies.runtime.buffers.mirrored import MEMORY_MODES
-from strategies.runtime.kv_transfer.config import LINKS_GBPS, DisaggConfig
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.runtime.sim.config import SERVING_CHOICES
 from strategies.runtime.spec.config import SpecConfig, parse_speculative_config
 
 
 @dataclass(frozen=True)
-class RunOptions(EndpointOptions):
+class RunOptions(EndpointOptions, DisaggOptions):
     strategies: tuple[str, ...] = _opt(("static", "inflight", "overlap"), "comma-separated strategies")
     model: str = _opt("small", "preset (tiny, small) or a Hugging Face checkpoint directory")
     dtype: str | None = _opt(None, "model dtype (default: float32 on cpu and cuda; on sim the spec's own, "
@@ -114,13 +114,6 @@ class RunOptions(EndpointOptions):
     router: str = _opt("least-tokens", "--num-replicas and disagg's prefill workers: an arrival goes to the engine "
                                        "with the fewest tokens left to compute, or to each in turn",
                        choices=("least-tokens", "round-robin"))
-    num_prefill_workers: int = _opt(1, "disagg: context executors, each an engine of its own (on sim: --tp GPUs each)")
-    num_decode_workers: int = _opt(1, "disagg: generation executors, each an engine of its own")
-    kv_transfer_buffer_mb: float = _opt(64.0, "disagg: each worker's KV staging buffer (MiB): a transfer moves in "
-                                              "chunks of it, one transfer at a time per worker")
-    kv_link_gbps: float = _opt(LINKS_GBPS["ib-400g"], "disagg, sim: prefill-to-decode link per GPU in GB/s (H100 "
-                                                      "NVLink 450, 400 Gb/s InfiniBand 50, 100 GbE 12.5)")
-    kv_link_latency_us: float = _opt(10.0, "disagg, sim: link latency per staging-buffer chunk (us)")
     devices: str | None = _opt(None, "a fleet's engines, one device each (comma-separated: cpu, or cuda:N "
                                                  "with --device cuda): each replica, or disagg's prefill workers "
                                                  "then its decode workers (default: every engine on --device)")
@@ -290,8 +283,7 @@ class RunOptions(EndpointOptions):
                 max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
                 stage_timeout_s=self.stage_timeout, sim=self.sim_config(), speculative=self.speculative(),
                 num_replicas=self.num_replicas, router=self.router, devices=self.device_list(),
-                disagg=DisaggConfig(self.num_prefill_workers, self.num_decode_workers, self.kv_transfer_buffer_mb,
-                                    self.kv_link_gbps, self.kv_link_latency_us))
+                disagg=self.disagg_config())
         except ValueError as exc:
             raise UserError(str(exc)) from None
 

@@ -23,6 +23,7 @@ from strategies.disagg.transceiver import KVTransceiver, WorkerDied
 from strategies.disagg.workers import DecodeRole, PrefillRole, staging_blocks
 from strategies.fleet import Fleet, Worker
 from strategies.inflight.executor import InflightStrategy
+from strategies.overlap.executor import OverlapStrategy
 from strategies.runtime.kv_transfer.link import LinkModel
 from strategies.runtime.kv_transfer.staging import block_bytes
 from strategies.runtime.request import Request
@@ -41,16 +42,17 @@ class DisaggStrategy(Fleet):
 
     def _build(self) -> None:
         d = self.config.disagg
+        cls = OverlapStrategy if d.worker_strategy == "overlap" else InflightStrategy  # --worker-strategy
         self.prefill: list[Worker] = []  # each role: PrefillRole
         self.decode: list[Worker] = []  # each role: DecodeRole
         for i in range(d.num_prefill_workers):
-            self.prefill.append(InflightStrategy(self.model_cfg, self.model, self.config.on(i), self.clock,
+            self.prefill.append(cls(self.model_cfg, self.model, self.config.on(i), self.clock,
                                                  role=PrefillRole(i)))
             self.workers.append(self.prefill[-1])
         decode_cfg = replace(self.config, prefix_caching=False)  # prompts arrive by transfer, not from a cache
         for i in range(d.num_decode_workers):
-            self.decode.append(InflightStrategy(self.model_cfg, self.model, decode_cfg.on(d.num_prefill_workers + i),
-                                                self.clock, role=DecodeRole(i)))
+            self.decode.append(cls(self.model_cfg, self.model, decode_cfg.on(d.num_prefill_workers + i), self.clock,
+                                   role=DecodeRole(i)))
             self.workers.append(self.decode[-1])
         self.transceiver = self._transceiver()
 

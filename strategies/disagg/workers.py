@@ -31,6 +31,7 @@ def staging_blocks(model_cfg: ModelConfig, config: ExecutorConfig) -> int:
 
 class PrefillRole(ReplicaRole):
     kind = "prefill"
+    decodes = False  # a request leaves at its first token
 
     def __init__(self, index: int = 0) -> None:
         super().__init__(index)
@@ -58,7 +59,7 @@ class PrefillRole(ReplicaRole):
     def sent(self, r: Request) -> None:
         """``r``'s KV has left: its slot and blocks go back (prefix caching keeps full blocks reusable)."""
         self.sending.remove(r)
-        self.worker._release(r, "handed off")
+        self.worker.release(r, "handed off")
 
     def requests(self) -> list[Request]:
         return [*super().requests(), *self.sending]
@@ -88,12 +89,10 @@ class DecodeRole(ReplicaRole):
         w = self.worker
         if w.waiting or not w.slots.num_free:
             return None
-        policy = w.policy
-        reserve = r.prompt_len + (r.max_new_tokens if policy.guaranteed else 1)
-        spare = policy.watermark if w.running or self.receiving else 0
-        if w.kv.admission_blocks([], reserve, r) > w.kv.free_blocks - spare:
+        reserve = w.policy.reservation(r, r.prompt_len + 1)
+        if not w.policy.fits(r, [], reserve, busy=bool(w.running or self.receiving)):
             return None
-        slot = w.slots.acquire(r.request_id, self.next_iteration, r.width)
+        slot = w.slots.acquire(r.request_id, w.core.iteration, r.width)
         w.kv.admit(slot, [], reserve, r.width, r.prompt_len)
         self.receiving[r] = slot
         return slot
@@ -102,9 +101,7 @@ class DecodeRole(ReplicaRole):
         """``r``'s prompt KV is in its preallocated blocks: it runs from the next schedule."""
         w = self.worker
         slot = self.receiving.pop(r)
-        r.admit(slot, w._admissions, r.prompt_len, book=w.progress)  # computed: the prompt; left: the first token
-        w._admissions += 1
-        w.running.append(r)
+        w.adopt(r, slot, r.prompt_len)  # computed: the prompt; left: the first token
         self._arrived.append(r)
         self._first_out.append(r)
 
@@ -126,7 +123,7 @@ class DecodeRole(ReplicaRole):
         w = self.worker
         slot = self.receiving.pop(r)
         w.kv.release(slot, r)
-        w.slots.release(slot, r.request_id, w._last_scheduled, "cancelled")
+        w.slots.release(slot, r.request_id, w.last_scheduled, "cancelled")
 
     def scheduled(self, batch: ScheduledBatch) -> None:
         """A request's first step here resets its decoder-state row: it counts as admitted in that step."""

@@ -1,6 +1,7 @@
 """Overlap scheduling: the in-flight policy, with postprocess moved one iteration later in the loop.
 
-The host schedules and prepares step n+1 and launches it before it waits for step n, then processes
+The host schedules and prepares step n+1 and launches it before it waits for step n (the engine core's depth
+2, ``strategies/core/engine_core.py``: vLLM's async scheduling), then processes
 n's tokens while the device runs n+1. Generation inputs of n+1 are read on the device from the tokens
 sampled at n, and the two steps use different buffer sets. The host learns of a finish one step late:
 a request that hit a stop token at n is computed once more at n+1, that token is discarded, and its
@@ -19,15 +20,12 @@ from __future__ import annotations
 
 from strategies.base import Strategy
 from strategies.runtime.batch import ScheduledBatch
-from strategies.runtime.buffers.buffer_set import BufferSet
-from strategies.runtime.device.stream import DeviceWork
-from strategies.runtime.iteration import IterationRecord
 from strategies.scheduler import IterationScheduler
 
 
 class OverlapStrategy(Strategy):
     name = "overlap"
-    num_buffer_sets = 2
+    depth = 2  # step n+1 is launched before step n is waited for
     speculates = True
 
     def __init__(self, *args, **kwargs) -> None:
@@ -37,26 +35,6 @@ class OverlapStrategy(Strategy):
     def schedule(self, iteration: int) -> ScheduledBatch:
         for r in list(self.running):
             if r.width == 1 and not r.is_prefilling and not r.wants_more_samples:  # last token launched, not read
-                self._release(r)
-        return self.policy.schedule(iteration, self.waiting, self.running, self.slots.num_free, self._admit,
+                self.release(r)
+        return self.policy.schedule(iteration, self.waiting, self.schedulable(), self.slots.num_free, self._admit,
                                     self._preempt)
-
-    def _loop(self) -> None:
-        """schedule → launch step n+1, then wait for and postprocess step n while n+1 runs."""
-        prev: tuple[IterationRecord, DeviceWork, BufferSet] | None = None
-        iteration = 0
-        while self._intake() or prev is not None:
-            self.nvtx.push("iteration")
-            rec, batch = self._schedule_phase(iteration)
-            launched = None
-            if batch:
-                bufs = self.engine.buffer_sets[iteration % self.num_buffer_sets]
-                launched = (rec, self._launch(rec, batch, bufs), bufs)
-                iteration += 1
-            if prev is not None:  # the in-flight loop's wait + postprocess, one iteration later
-                self._wait(prev[0], prev[1])
-                self._postprocess(prev[0], prev[2])
-            self.nvtx.pop()
-            if launched is None and prev is None:
-                self._idle()
-            prev = launched

@@ -13,16 +13,15 @@ decoder state (sampling, finishes) stays single, on the last stage.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from strategies.base import Strategy
 from strategies.config import ExecutorConfig
+from strategies.core.engine_core import Step
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.device.clock import Clock
-from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.request import Request
@@ -38,14 +37,15 @@ class PipelineStrategy(Strategy):
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None) -> None:
-        self.num_buffer_sets = config.micro_batches  # one buffer set per micro-batch in flight
+        self.depth = config.micro_batches  # the engine core's queue: a micro-batch a step, each in its buffer set
         self.separate_processes = config.device != "sim"  # simulated: one process, stages timed by the stream
         self.pipeline_stages = config.pipeline_stages
         self._in_flight: set[int] = set()  # id() of every request in a launched micro-batch
+        self._members: dict[int, list[Request]] = {}  # iteration in flight → its requests
         super().__init__(model_cfg, model, config, clock)
         # The slots are shared by the M micro-batches: each takes at most its share of rows, so that the
         # pipeline fills with M micro-batches of similar size instead of one that takes every request.
-        self.rows_per_micro_batch = -(-config.max_batch_size // self.num_buffer_sets)
+        self.rows_per_micro_batch = -(-config.max_batch_size // self.depth)
         self.policy = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
                                          self.cross_kv, self.progress)
 
@@ -80,27 +80,12 @@ class PipelineStrategy(Strategy):
         idle = self.running.select([id(r) not in self._in_flight for r in self.running], self.rows_per_micro_batch)
         return self.policy.schedule(iteration, self.waiting, idle, self.slots.num_free, self._admit, self._preempt)
 
-    def _loop(self) -> None:
-        """schedule → launch, and once M micro-batches are in flight (or nothing else can be scheduled)
-        wait for the oldest and postprocess it."""
-        in_flight: deque[tuple[IterationRecord, DeviceWork, BufferSet, list[Request]]] = deque()
-        iteration = 0
-        while self._intake() or in_flight:
-            self.nvtx.push("iteration")
-            rec, batch = self._schedule_phase(iteration)
-            if batch:
-                bufs = self.engine.buffer_sets[iteration % self.num_buffer_sets]
-                rec.micro_batch = bufs.index
-                members = [c.request for c in batch.context] + batch.gen_requests
-                self._in_flight.update(id(r) for r in members)
-                in_flight.append((rec, self._launch(rec, batch, bufs), bufs, members))
-                iteration += 1
-            waited = bool(in_flight) and (len(in_flight) == self.num_buffer_sets or not batch)
-            if waited:
-                done, work, bufs, members = in_flight.popleft()
-                self._wait(done, work)
-                self._postprocess(done, bufs)
-                self._in_flight.difference_update(id(r) for r in members)
-            self.nvtx.pop()
-            if not batch and not waited:  # nothing to run and nothing returned: wait for an arrival
-                self._idle()
+    def launching(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> None:
+        """The micro-batch's requests are in flight until it comes back: no other micro-batch takes them."""
+        rec.micro_batch = bufs.index
+        members = [c.request for c in batch.context] + batch.gen_requests
+        self._in_flight.update(id(r) for r in members)
+        self._members[rec.iteration] = members
+
+    def retired(self, step: Step) -> None:
+        self._in_flight.difference_update(id(r) for r in self._members.pop(step.record.iteration))

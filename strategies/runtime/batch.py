@@ -136,7 +136,7 @@ class ScheduledBatch:
     @property
     def num_padding_tokens(self) -> int:
         """Pad tokens known when scheduling; rows of finished requests are counted when their output
-        comes back discarded (``Strategy._postprocess``)."""
+        comes back discarded (``Strategy.postprocess``)."""
         return sum(c.padding for c in self.context)
 
     @property

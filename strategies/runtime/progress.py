@@ -4,7 +4,7 @@ While a request holds a slot, its counters (tokens computed, prefill target, sam
 received), its tokens (prompt and outputs) and its token times live here, in the slot's row, and nowhere
 else: ``Request`` reads and writes them through properties (a counter through ``Booked``), moves its values
 into the slot's row at admission and takes them back when it lets the slot go (``request.py``; this module
-knows no request, only an object with a ``_book`` and a ``slot``).
+knows no request, only an object with a ``book`` and a ``slot``).
 vLLM v1's ``InputBatch`` (``token_ids_cpu``, ``num_computed_tokens_cpu`` per request row) and TensorRT-LLM's
 decoder state keep request progress the same way, so that the host's per-step work — the scheduler's
 decode rows, the postprocess's token hand-out — is done over the book, as a few array operations over the
@@ -108,7 +108,7 @@ class SlotProgress:
 
 class Booked:
     """A progress counter of a request (``request.py``): in its column of this book while the request holds a
-    slot (its ``_book`` and ``slot``), on the request's own field ``own`` otherwise — one place at a time."""
+    slot (its ``book`` and ``slot``), on the request's own field ``own`` otherwise — one place at a time."""
 
     def __init__(self, column: int, own: str) -> None:
         self.column, self.own = column, own
@@ -116,11 +116,11 @@ class Booked:
     def __get__(self, r: Any, owner: type | None = None) -> Any:
         if r is None:
             return self
-        book = r._book
+        book = r.book
         return getattr(r, self.own) if book is None else book.counters.item(r.slot, self.column)
 
     def __set__(self, r: Any, value: int) -> None:
-        book = r._book
+        book = r.book
         if book is None:
             setattr(r, self.own, value)
         else:

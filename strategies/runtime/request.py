@@ -72,13 +72,13 @@ class Request:
     # token of each step, which later steps may reorder away: only the counts mean anything.
     beams: list[tuple[list[int], float]] | None = None
     # Progress, read and written through the properties below: while the request holds a slot it lives in
-    # the runtime's per-slot book (``_book``, progress.py), otherwise in these fields.
+    # the runtime's per-slot book (``book``, progress.py), otherwise in these fields.
     _computed: int = field(default=0, init=False, repr=False)
     _target: int = field(default=0, init=False, repr=False)
     _pending: int = field(default=0, init=False, repr=False)
     _outputs: int = field(default=0, init=False, repr=False)
     _times: list[float] = field(default_factory=list, init=False, repr=False)
-    _book: SlotProgress | None = field(default=None, init=False, repr=False)
+    book: SlotProgress | None = field(default=None, init=False, repr=False)
 
     num_computed_tokens = Booked(COMPUTED, "_computed")  # tokens whose KV is written or launched (slot's cache)
     context_target = Booked(TARGET, "_target")  # tokens to prefill on this admission: prompt + outputs known then
@@ -86,14 +86,14 @@ class Request:
     @property
     def pending_samples(self) -> int:
         """Samples launched on the device whose token the host has not read yet."""
-        book = self._book
+        book = self.book
         if book is None:
             return self._pending
         return book.counters.item(self.slot, SCHEDULED) - book.counters.item(self.slot, OUTPUTS)
 
     @pending_samples.setter
     def pending_samples(self, value: int) -> None:
-        book = self._book
+        book = self.book
         if book is None:
             self._pending = value
         else:
@@ -101,12 +101,12 @@ class Request:
 
     @property
     def num_output_tokens(self) -> int:  # output tokens the host has received
-        book = self._book
+        book = self.book
         return self._outputs if book is None else book.counters.item(self.slot, OUTPUTS)
 
     @num_output_tokens.setter
     def num_output_tokens(self, value: int) -> None:
-        book = self._book
+        book = self.book
         if book is None:
             self._outputs = value
         else:  # as many samples still in flight as before
@@ -151,7 +151,7 @@ class Request:
     @property
     def token_ids(self) -> np.ndarray:
         """Prompt followed by the outputs the host has received."""
-        book = self._book
+        book = self.book
         if book is None:
             return self._tokens[: self.prompt_len + self._outputs]
         return book.tokens[self.slot, : self.prompt_len + book.counters.item(self.slot, OUTPUTS)]
@@ -177,7 +177,7 @@ class Request:
     def token_times_since(self, start: int) -> list[float]:
         """``token_times_s[start:]``, reading none of the times before ``start``: a server's front end reads each
         step's new ones, and a read of all of them each step made a request's streaming quadratic in its length."""
-        book = self._book
+        book = self.book
         if book is None:
             return self._times[start:]
         return book.times[self.slot, start: book.counters.item(self.slot, OUTPUTS)].tolist()
@@ -188,7 +188,7 @@ class Request:
 
     @property
     def num_scheduled_samples(self) -> int:
-        book = self._book
+        book = self.book
         return self._outputs + self._pending if book is None else book.counters.item(self.slot, SCHEDULED)
 
     @property
@@ -208,12 +208,12 @@ class Request:
 
     def first_token_to_client(self, at_s: float) -> None:
         """Disagg: the first token reaches a client behind a proxy at ``at_s`` (the prefill's time is kept)."""
-        book = self._book
+        book = self.book
         times = self._times if book is None else book.times[self.slot]
         self.prefill_first_token_s, times[0] = float(times[0]), at_s
 
     def append_token(self, token: int, now_s: float) -> None:
-        book = self._book
+        book = self.book
         if book is None:
             self._tokens[self.prompt_len + self._outputs] = token
             self._outputs += 1
@@ -241,8 +241,8 @@ class Request:
 
     def leave_slot(self) -> None:
         """Let the slot go: the progress comes back from the slot's book onto the request."""
-        if self._book is not None:
-            self._out_of(self._book, self.slot)
+        if self.book is not None:
+            self._out_of(self.book, self.slot)
         self.slot = None
 
     def _into(self, book: SlotProgress, slot: int) -> None:
@@ -251,7 +251,7 @@ class Request:
         book.take(slot, self, (self._computed, self._target, self._outputs + self._pending, self._outputs,
                                self.max_new_tokens, self.prompt_len), self._tokens[:n], self._times,
                   self.status is Status.RUNNING)
-        self._book = book
+        self.book = book
 
     def _out_of(self, book: SlotProgress, slot: int) -> None:
         """Take the progress back from ``slot``'s row of ``book``."""
@@ -260,7 +260,7 @@ class Request:
         self._tokens[self.prompt_len:self.prompt_len + len(outputs)] = outputs
         self._computed, self._target = c[COMPUTED], c[TARGET]
         self._pending, self._outputs = c[SCHEDULED] - c[OUTPUTS], c[OUTPUTS]
-        self._book = None
+        self.book = None
 
     def preempt(self) -> None:
         """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume. A beam request
@@ -280,5 +280,5 @@ class Request:
         self.finish_reason = reason
         if status is Status.FAILED:
             self.failed_s = at_s
-        if self._book is not None:  # static keeps a finished request's slot: no longer running in it
-            self._book.key[self.slot] &= ~1
+        if self.book is not None:  # static keeps a finished request's slot: no longer running in it
+            self.book.key[self.slot] &= ~1

@@ -6,6 +6,7 @@ its slots and blocks. The policy — padding, whole-row prefills, finished rows 
 from __future__ import annotations
 
 from strategies.base import Strategy
+from strategies.core.engine_core import Step
 from strategies.runtime.batch import ScheduledBatch
 from strategies.static.batcher import StaticBatcher
 
@@ -26,20 +27,9 @@ class StaticStrategy(Strategy):
     def schedule(self, iteration: int) -> ScheduledBatch:
         return self.policy.schedule(iteration, self.waiting, self._admit)
 
-    def _loop(self) -> None:
-        """schedule → launch → wait → postprocess, one step at a time; the batch's end releases its rows."""
-        bufs = self.engine.buffer_sets[0]
-        iteration = 0
-        while self._intake():
-            self.nvtx.push("iteration")
-            rec, batch = self._schedule_phase(iteration)  # a new batch only when none runs
-            if batch:
-                self._step(rec, batch, bufs)
-                iteration += 1
-                if self.policy.batch and self.policy.done:  # the batch ends: its slots and blocks go back
-                    for r in self.policy.batch:
-                        self._release(r)
-                    self.policy.batch = []
-            self.nvtx.pop()
-            if not batch:
-                self._idle()
+    def retired(self, step: Step) -> None:
+        """The engine core's depth 1: after each step, the batch may end: its slots and blocks go back."""
+        if self.policy.batch and self.policy.done:
+            for r in self.policy.batch:
+                self.release(r)
+            self.policy.batch = []

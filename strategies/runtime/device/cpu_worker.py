@@ -45,7 +45,7 @@ class CpuWorkerStream(DeviceStream):
                 # This thread is the device: its iteration range is its own, not the host's.
                 with self.nvtx.range("iteration"):
                     self._run_pieces(work, pieces)
-                work._finish()
+                work.finish()
 
     def _run_piece(self, work: DeviceWork, name: str, fn: Callable[..., None], args: tuple) -> None:
         with self.nvtx.range(name):
@@ -61,7 +61,7 @@ class CpuWorkerStream(DeviceStream):
             waited = 0.0
         else:
             t = time.perf_counter()
-            work._block()
+            work.block()
             waited = time.perf_counter() - t
         self._raise_failure(work)
         return waited

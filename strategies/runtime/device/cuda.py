@@ -52,24 +52,24 @@ class CudaStream(DeviceStream):
             else:
                 fn(*args)
         end.record(self.stream)
-        work._events.append((name, start, end))
+        work.events.append((name, start, end))
 
     def query(self, work: DeviceWork) -> bool:
-        return not work._events or work._events[-1][2].query()
+        return not work.events or work.events[-1][2].query()
 
     def wait(self, work: DeviceWork) -> float:
         t = time.perf_counter()
         if work.error is not None:  # a piece failed while it was issued: what was issued before it drains
             self.stream.synchronize()
-        elif work._events:
-            work._events[-1][2].synchronize()
+        elif work.events:
+            work.events[-1][2].synchronize()
         waited = time.perf_counter() - t
         ref = self.clock.at(self._ref_perf_s)
-        for name, start, end in work._events:
+        for name, start, end in work.events:
             work.times[name] = (ref + self._ref.elapsed_time(start) / 1e3, ref + self._ref.elapsed_time(end) / 1e3)
-        work._events.clear()
+        work.events.clear()
         if not work.done():
-            work._finish()
+            work.finish()
         self._raise_failure(work)
         return waited
 

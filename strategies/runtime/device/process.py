@@ -225,7 +225,7 @@ class ProcessStream(DeviceStream):
                 self._sent.append(work)
                 return
         work.error = self.failure  # the device failed: nothing more runs there
-        work._finish()
+        work.finish()
 
     def _target(self, fn: Callable[..., None]) -> tuple:
         if getattr(fn, "__self__", None) is self._engine:
@@ -253,7 +253,7 @@ class ProcessStream(DeviceStream):
         except RuntimeError as exc:  # the process is gone: every outstanding step fails with that
             self.failure = self.failure or exc
         work.error = self.failure
-        work._finish()
+        work.finish()
 
     def query(self, work: DeviceWork) -> bool:
         while not work.done() and self._server.conn.poll(0):  # type: ignore[union-attr]

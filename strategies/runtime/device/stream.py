@@ -53,7 +53,7 @@ class DeviceWork:
     # Held until the work is done. A bare lock wakes a waiting host sooner than an Event (docs/host-path.md):
     # on CPU that wake-up sits between two device steps, so it is device idle time.
     _pending: threading.Lock = field(default_factory=threading.Lock)
-    _events: list = field(default_factory=list)  # CUDA: (name, start event, end event); pipeline: receives
+    events: list = field(default_factory=list)  # CUDA: (name, start event, end event); pipeline: receives
     stages: list[tuple[float, float]] = field(default_factory=list)  # pipeline: each stage's compute (start, end)
 
     def __post_init__(self) -> None:
@@ -62,10 +62,12 @@ class DeviceWork:
     def done(self) -> bool:
         return not self._pending.locked()
 
-    def _finish(self) -> None:
+    def finish(self) -> None:
+        """The device's side: the work is done (its times are set); a waiting host wakes."""
         self._pending.release()
 
-    def _block(self) -> None:
+    def block(self) -> None:
+        """The host's side: sleep until ``finish``."""
         with self._pending:
             pass
 

@@ -11,6 +11,7 @@ LINKS_GBPS = {
     "ib-400g": 50.0,  # one 400 Gb/s InfiniBand NDR NIC per GPU (DGX H100's arrangement)
     "eth-100g": 12.5,  # one 100 GbE NIC per GPU
 }
+WORKER_STRATEGIES = ("inflight", "overlap")  # a worker's loop: the engine core's depth 1 or 2
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,7 @@ class DisaggConfig:
     kv_link_gbps: float = LINKS_GBPS["ib-400g"]
     kv_link_latency_us: float = 10.0
     kv_link_efficiency: float = 0.85
+    worker_strategy: str = "inflight"  # every worker's loop (``WORKER_STRATEGIES``)
 
     def __post_init__(self) -> None:
         if self.num_prefill_workers <= 0 or self.num_decode_workers <= 0:
@@ -36,6 +38,9 @@ class DisaggConfig:
             raise ValueError(f"--kv-link-gbps must be positive, got {self.kv_link_gbps}")
         if not self.kv_link_latency_us >= 0:
             raise ValueError(f"--kv-link-latency-us must be >= 0, got {self.kv_link_latency_us}")
+        if self.worker_strategy not in WORKER_STRATEGIES:
+            raise ValueError(f"--worker-strategy must be one of {', '.join(WORKER_STRATEGIES)}, "
+                             f"got {self.worker_strategy!r}")
         if not 0 < self.kv_link_efficiency <= 1:
             raise ValueError(f"kv_link_efficiency must be in (0, 1], got {self.kv_link_efficiency}")
 

@@ -42,7 +42,7 @@ class PipelineStream(DeviceStream):
     def wait(self, work: DeviceWork) -> float:
         t = self.clock.now()
         try:
-            for w in work._events:  # the sends, the last stage's tokens, every stage's times
+            for w in work.events:  # the sends, the last stage's tokens, every stage's times
                 w.wait()
         except RuntimeError as exc:  # gloo's message names a socket; say which stage, and what happened to it
             raise RuntimeError(self.engine.what_failed(timed_out="Timed out" in str(exc))) from None
@@ -53,9 +53,9 @@ class PipelineStream(DeviceStream):
         last = times[-1].tolist()
         work.times["forward"] = (at(float(times[0, 0])), at(last[1]))
         work.times["sample"] = (at(last[1]), at(last[2]))
-        work._events.clear()
+        work.events.clear()
         if not work.done():
-            work._finish()
+            work.finish()
         return waited
 
     def close(self) -> None:
@@ -129,9 +129,9 @@ class PipelineEngine:
         work = DeviceWork(iteration)
         for s in range(self.stages):
             sends = [header, ints[:n_ints]] + ([floats[:n_floats]] if s == self.stages - 1 and n_floats else [])
-            work._events += [self.pg.send([t], s + 1, 0) for t in sends]  # kept until done: a dropped send is lost
-        work._events.append(self.pg.recv([self._out[bufs.index][:len(bufs.step.rows)]], self.stages, 0))
-        work._events += [self.pg.recv([self._times[bufs.index][s]], s + 1, 0) for s in range(self.stages)]
+            work.events += [self.pg.send([t], s + 1, 0) for t in sends]  # kept until done: a dropped send is lost
+        work.events.append(self.pg.recv([self._out[bufs.index][:len(bufs.step.rows)]], self.stages, 0))
+        work.events += [self.pg.recv([self._times[bufs.index][s]], s + 1, 0) for s in range(self.stages)]
         self._set_of[iteration] = bufs.index
         return work
 

@@ -101,7 +101,7 @@ class SimStream(DeviceStream):
             work.times[name] = (t, t + d)
             t += d
         self._free_at = t
-        work._finish()
+        work.finish()
         return work
 
     def wait(self, work: DeviceWork) -> float:
@@ -139,5 +139,5 @@ class SimPipelineStream(SimStream):
         work.times["forward"] = (work.stages[0][0], end)
         work.times["sample"] = (end, end + durations.get("sample", 0.0))
         self._stage_free[-1] = work.times["sample"][1]
-        work._finish()
+        work.finish()
         return work
