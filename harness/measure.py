@@ -59,6 +59,8 @@ def run_strategies(plan: Plan, staging: Path, measured: Measured, *, progress: b
                            request_timeout_s=opts.request_timeout or plan.trace.request_timeout_s)
         bar.close()
         measured.add(staging, run, opts)
+        for f in run.extras.get("faults", []):  # a fleet's worker that died (strategies/fleet.py), one line each
+            log(f"error: {name}: worker {f['worker']} died at {f['time_s']:.3f} s ({f['found']}): {f['cause']}")
         if run.error:
             log(f"error: {name} stopped early: {run.error}")
         if run.interrupted:

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 from strategies.base import Strategy
 from strategies.config import ExecutorConfig
 from strategies.core.engine_core import Step
+from strategies.core.replica_role import ReplicaRole
 from strategies.inflight.executor import InflightStrategy
 from strategies.interface import Executor, ExecutorStalled, RequestSource
-from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.models.config import ModelConfig
@@ -40,50 +40,6 @@ POLL_S = 2e-4  # real devices, several steps in flight: how often the host looks
 
 
 Worker = Strategy  # a fleet's worker: the in-flight or overlap strategy given a role (``role``), not a subclass
-
-
-class ReplicaRole:
-    """The part that makes an in-flight strategy one engine of a fleet: its label, its own step count, and
-    what the fleet asks of it (its requests, its load for the router, failing them when it dies). Disagg's
-    prefill and decode roles add the KV transceiver's side (``strategies/disagg/workers.py``)."""
-
-    kind = "replica"
-    decodes = True  # its worker computes every token of a request
-
-    def __init__(self, index: int = 0) -> None:
-        self.label = f"{self.kind}{index}"  # records' ``worker`` column
-        self.worker: Worker  # the strategy this role is part of (``attach``)
-
-    def attach(self, worker: Worker) -> None:
-        """Called once, when ``worker``'s runtime exists."""
-        self.worker = worker
-
-    def engine_sizes(self, model_cfg: ModelConfig, config: ExecutorConfig) -> dict[str, int]:
-        """Engine sizes the role adds (a KV staging buffer)."""
-        return {}
-
-    def scheduled(self, batch: ScheduledBatch) -> None:
-        """Called as each of the worker's schedules returns ``batch``."""
-
-    def requests(self) -> list[Request]:
-        """Every request this worker holds or queues, whatever its state."""
-        return [*self.worker.waiting, *self.worker.running]
-
-    def load(self) -> int:
-        """Tokens still to compute for what it holds and queues: the router's measure."""
-        return sum(r.context_target - r.num_computed_tokens + r.max_new_tokens - r.num_scheduled_samples
-                   if r.slot is not None else r.prompt_len + r.max_new_tokens for r in self.requests())
-
-    def fail_all(self, reason: str) -> list[Request]:
-        """The worker died: its requests end failed, in the records as they stood."""
-        failed = [r for r in self.requests() if not r.status.terminal]
-        w = self.worker
-        now = w.clock.now()
-        for r in failed:
-            r.end(Status.FAILED, reason, now)
-        w.waiting.clear()
-        w.running.clear()
-        return failed
 
 
 class Fleet(Executor):
@@ -102,6 +58,7 @@ class Fleet(Executor):
             raise
         self.alive: list[Worker] = list(self.workers)
         self.error: str | None = None  # the first worker failure
+        self.faults: list[dict] = []  # each worker's death: who, when (run clock), why, and how it was found
         self._routed = 0  # arrivals routed so far (round-robin's turn)
 
     def _build(self) -> None:
@@ -128,6 +85,9 @@ class Fleet(Executor):
             if r in w.waiting or r in w.running:
                 w.abort(r, reason)
                 return
+
+    def extras(self) -> dict:
+        return {"faults": self.faults} if self.faults else {}
 
     def close(self) -> None:
         for w in self.workers:
@@ -182,8 +142,9 @@ class Fleet(Executor):
 
     # --- the loop's parts ---------------------------------------------------------------------------
     def _intake(self) -> bool:
-        """Route arrived requests to the entry worker with the least work."""
+        """Route arrived requests to the entry worker with the least work (a dead one is seen first)."""
         assert self.source is not None
+        self._check_health()
         for r in self.source.poll(self.clock.now()):
             reason = self.rejection(r)
             if reason is None:
@@ -240,15 +201,24 @@ class Fleet(Executor):
             raise ExecutorStalled(f"{self.name}: nothing schedulable and nothing arriving")
         self.clock.sleep_until(nxt)
 
-    def _died(self, w: Worker, exc: BaseException) -> None:
+    def _check_health(self) -> None:
+        """Between steps, every live worker's device is asked whether it is gone (a device process that exited),
+        idle ones too: a dead worker stops taking arrivals at once, not when work is next routed to it."""
+        for w in list(self.alive):
+            exc = w.stream.fault()
+            if exc is not None:
+                self._died(w, exc, "health check")
+
+    def _died(self, w: Worker, exc: BaseException, found: str = "step") -> None:
         if w not in self.alive:  # already failed (a transfer's piece, then its step in flight)
             return
         reason = f"{w.label} failed: {type(exc).__name__}: {exc}"
         self.error = self.error or reason
         self.alive.remove(w)
+        now = self.clock.now()
+        self.faults.append({"worker": w.label, "time_s": now, "cause": f"{type(exc).__name__}: {exc}", "found": found})
         failed = {id(r): r for r in [*self._forget(w), *w.role.fail_all(reason)]}
         assert self.source is not None
-        now = self.clock.now()
         for r in failed.values():
             if r.status is not Status.FAILED:
                 r.end(Status.FAILED, reason, now)

@@ -187,6 +187,27 @@ def test_a_dead_decode_worker_fails_its_requests_and_the_others_finish():
     assert all(r.output_token_ids == reference_decode(model, TINY64, r) for r in done)
     alive = [w for w in s.workers if w.label != "decode0"]
     assert all(w.kv.free_blocks == w.kv.total_blocks for w in alive)
+    assert [(f["worker"], f["found"]) for f in s.faults] == [("decode0", "step")]
+
+
+def test_a_worker_death_is_in_run_json_and_one_line_and_the_run_exits_1(tmp_path):
+    """Through the harness: decode0 dies at its fourth step; run.json records the fault (worker, run-clock
+    time, cause, how it was found), the log says it in one line, and the exit status is 1."""
+    import harness.app as app
+    from harness.options import RunOptions
+
+    opts = RunOptions(model="tiny", device="cpu", strategies=("disagg",), num_prompts=12, request_rate=50.0,
+                      input_len=24, output_len=12, num_decode_workers=2, warmup=0)
+    lines: list[str] = []
+    outcome = app.execute(opts, tmp_path / "run", progress=False, report=False, fault=("disagg", 3),
+                          log=lines.append)
+    assert outcome.exit_code == 1
+    (entry,) = json.loads((tmp_path / "run" / "run.json").read_text())["strategies"]
+    (fault,) = entry["faults"]
+    assert fault["worker"] == "decode0" and fault["found"] == "step" and "injected" in fault["cause"]
+    assert 0 < fault["time_s"] < entry["wall_s"]
+    said = [x for x in lines if "decode0 died" in x]
+    assert len(said) == 1 and "\n" not in said[0] and "injected" in said[0], lines
 
 
 def test_a_transfer_that_fails_on_the_receiver_fails_only_that_worker(monkeypatch):
@@ -503,18 +524,23 @@ def test_a_fleet_builds_each_engine_on_its_device(monkeypatch):
 
 def test_a_decode_worker_killed_while_idle_leaves_the_others_serving():
     """The scenario of the issue on faults, scaled down: 1 prefill + 2 decode workers, each a device process of
-    its own; two bursts of 8 requests 1.5 s apart; decode1's process killed (SIGKILL) in the gap, while it
-    is idle. Its death surfaces at a wait inside the fleet's fault handling: the transfers bound for it go back
-    to the queue and decode0 serves them, so every request of both bursts finishes; the run then ends with the
-    failure (exit 1 from the CLI)."""
+    its own; two bursts of 8 requests; decode1's process killed (SIGKILL) once the first is done, while it is
+    idle, and the second arrives 0.5 s later (after the kill, whatever the machine's speed). The fleet's health
+    check between steps sees the death before it routes again (not when work is next routed to the dead worker):
+    the fault is recorded (worker, time, cause, how found), decode0 serves every request of both bursts and
+    decode1 computes nothing more; the run then ends with the failure (exit 1 from the CLI), as it does when a
+    death is found at a step."""
     import signal
 
     _, model = tiny_models()
     specs = _specs(n=8)
-    first = make_requests(specs)
-    second = [Request(f"late{i}", r.prompt_token_ids.copy(), r.max_new_tokens, r.sampling, arrival_s=1.5)
-              for i, r in enumerate(make_requests(specs))]
     s = get_strategy("disagg")(TINY64, model, _config(num_decode_workers=2))
+    start = s.clock.now()  # (the run clock started as the engines did: their device processes took a while)
+    first = make_requests(specs)
+    for r in first:
+        r.arrival_s = start
+    second = [Request(f"late{i}", r.prompt_token_ids.copy(), r.max_new_tokens, r.sampling, arrival_s=start + 30)
+              for i, r in enumerate(make_requests(specs))]  # (set to the kill's time + 0.5 s at the kill)
     victim = s.decode[1].stream._server.proc
     killed = []
 
@@ -525,6 +551,8 @@ def test_a_decode_worker_killed_while_idle_leaves_the_others_serving():
                 os.kill(victim.pid, signal.SIGKILL)
                 victim.wait()
                 killed.append(now_s)
+                for r in second:
+                    r.arrival_s = now_s + 0.5
             return super().poll(now_s)
 
     try:
@@ -532,7 +560,12 @@ def test_a_decode_worker_killed_while_idle_leaves_the_others_serving():
             s.run(KillInTheGap(first + second))
     finally:
         s.close()
-    assert killed and killed[0] < 1.5
+    assert killed
     assert all(r.status is Status.FINISHED for r in first + second), [r.finish_reason for r in first + second
                                                                       if r.status is not Status.FINISHED]
     assert [w.label for w in s.alive] == ["prefill0", "decode0"]
+    (fault,) = s.faults
+    assert fault["worker"] == "decode1" and fault["found"] == "health check" and "exited" in fault["cause"]
+    assert killed[0] <= fault["time_s"] <= min(r.admitted_s for r in second)  # seen before the next routing
+    assert s.extras() == {"faults": [fault]}
+    assert not [rec for rec in s.records if rec.worker == "decode1" and rec.schedule_start_s > killed[0]]

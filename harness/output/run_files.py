@@ -43,7 +43,8 @@ def write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, s
                   # a workload's load stages: requests.parquet's ``stage`` k was sent in stages[k]
                   "stages": [{"start_s": s, "end_s": e, "rate_rps": r} for s, e, r in trace.stages]},
         "strategies": [{"name": r.name, "wall_s": r.wall_s, "warmup_s": r.warmup_s, "error": r.error,
-                        "interrupted": r.interrupted, "torch_threads": r.torch_threads} for r in runs],
+                        "interrupted": r.interrupted, "torch_threads": r.torch_threads,
+                        "faults": r.extras.get("faults", [])} for r in runs],
     }
     atomic_write_json(staging / "run.json", run_json)
     atomic_write_text(staging / "summary.csv", summary.to_csv(index=False))

@@ -17,7 +17,7 @@ Both add a KV staging buffer to their engine (``kv_transfer/staging.py``).
 from __future__ import annotations
 
 from strategies.config import ExecutorConfig
-from strategies.fleet import ReplicaRole
+from strategies.core.replica_role import ReplicaRole
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.kv_transfer.staging import block_bytes
 from strategies.runtime.models.config import ModelConfig

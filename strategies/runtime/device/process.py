@@ -110,15 +110,16 @@ class DeviceServer:
         try:
             self.conn.send(msg)
         except OSError:
-            raise self._gone() from None
+            raise self.gone() from None
 
     def recv(self) -> tuple:
         try:
             return self.conn.recv()  # blocks without holding the interpreter's lock
         except (EOFError, OSError):
-            raise self._gone() from None
+            raise self.gone() from None
 
-    def _gone(self) -> RuntimeError:
+    def gone(self) -> RuntimeError:
+        """The error that says why the process stopped answering (its exit code and last line)."""
         try:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
@@ -254,6 +255,15 @@ class ProcessStream(DeviceStream):
             self.failure = self.failure or exc
         work.error = self.failure
         work.finish()
+
+    def fault(self) -> BaseException | None:
+        """The device process has exited (seen by polling it: no blocking, no message)."""
+        server = self._server
+        if server is None or server.proc.poll() is None:
+            return None
+        if self.failure is None:  # (the stream is poisoned: a later step fails at its wait with the same cause)
+            self.failure = server.gone()
+        return self.failure
 
     def query(self, work: DeviceWork) -> bool:
         while not work.done() and self._server.conn.poll(0):  # type: ignore[union-attr]

@@ -11,6 +11,8 @@ are this module's code, shared by all of them:
 - **a failure surfaces at ``wait``**, never at ``enqueue``, whichever device raised it: the failing piece's
   error is kept on its ``DeviceWork``, and the stream is poisoned — no later piece runs, every later
   ``wait`` raises the same error.
+- **a dead device is seen between steps too**: ``fault`` answers, without blocking, whether the device is
+  known to be gone (a device process that exited) — a fleet asks it of every worker, idle ones included.
 - **``close`` synchronises**: it returns only when no piece is running or queued, so the engine's tensors
   can be freed after a failure or Ctrl-C while steps were still in flight.
 
@@ -114,6 +116,11 @@ class DeviceStream:
     def wait(self, work: DeviceWork) -> float:
         """Block until ``work`` is done; returns the seconds the host spent blocked. Re-raises a failure."""
         raise NotImplementedError
+
+    def fault(self) -> BaseException | None:
+        """Why the device is gone, if it is known to be without waiting for a step (a device process that
+        exited); None while it may still answer. A piece's error is not this: it surfaces at ``wait``."""
+        return None
 
     def close(self) -> None:
         """Return once nothing is running or queued on the device (the caller frees its tensors next)."""
