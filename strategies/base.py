@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 from strategies.config import ExecutorConfig
 from strategies.core.engine_core import EngineCore, Step
 from strategies.core.local_engine import engine_sizes, local_engine
+from strategies.core.postprocess import hand_out
 from strategies.drafting import build_drafter
 from strategies.interface import Executor, ExecutorStalled, RequestSource
 from strategies.parts import Policy, Role
@@ -24,16 +25,14 @@ from strategies.running import RunningRequests
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.buffers.slots import SlotManager, SlotTenure
-from strategies.runtime.decoder.finish import CONTINUE, DISCARDED, FINISH_REASONS
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.models.config import ModelConfig
-from strategies.runtime.progress import SlotProgress
+from strategies.runtime.progress import COMPUTED, SlotProgress
 from strategies.runtime.request import Request, Status
-from strategies.speculation import receive_verified
 
 if TYPE_CHECKING:
     import torch
@@ -219,8 +218,9 @@ class Strategy(Executor):
             if self.role is not None:
                 self.role.scheduled(batch)
             if self.kv.prefix_caching:  # blocks this step fills become reusable for later steps
-                for r in self.running:
-                    self.kv.commit(r.slot, r)
+                slots, running = self.running.slots, self.running
+                for i in self.kv.uncommitted(slots, self.progress.counters[slots, COMPUTED]).tolist():
+                    self.kv.commit(running[i].slot, running[i])
             for c in batch.context:  # a prefill's last chunk: its slot decodes from the next step
                 if c.samples:
                     self.slots.prefilled(c.request.slot, iteration)
@@ -246,49 +246,13 @@ class Strategy(Executor):
         self.recorder.waited(rec, work, self.stream.wait(work))
 
     def postprocess(self, rec: IterationRecord, bufs: BufferSet) -> None:
-        """Hand each sampled token to its request; finish the ones the device says are done. Rows the
-        device computed for a request it knew to be finished (static's done rows, overlap's one extra
-        step) are padding. A finished beam request's sequences are read back before its slot is let go.
-        Rows that only continue their request are handed out in the progress book at once."""
+        """Hand each sampled token to its request; finish the ones the device says are done
+        (``core/postprocess.py``)."""
         with self._phase(rec, "postprocess"):
-            out = self.engine.outputs(bufs)  # [R, 2] token, finish code
-            io = bufs.step
-            rows, n = io.rows, len(io.rows)
-            # the host holds the tokens from here; a streaming client sees them after the serving path
-            now = self.clock.client_time(self.clock.now(), n, self)
-            beams_done: list[tuple[Request, int]] = []
-            running = Status.RUNNING
-            for i in self.progress.hand_out(io.slots.np[:n], io.keys[:n], out, now):
-                r, tok, code = rows[i], int(out[i, 0]), int(out[i, 1])
-                r.pending_samples -= 1
-                if code == CONTINUE and r.status is running:
-                    r.append_token(tok, now)
-                    continue
-                if code == DISCARDED:
-                    rec.num_padding_tokens += r.width
-                    continue
-                if r.status.terminal:
-                    continue
-                if r.width > 1 and r.status is Status.WAITING:  # preempted: the beam search starts over
-                    rec.num_padding_tokens += r.width
-                    continue
-                r.append_token(tok, now)
-                if code != CONTINUE:
-                    if r.width > 1:
-                        beams_done.append((r, code))
-                    else:
-                        self._finish(r, FINISH_REASONS[code])
-            if bufs.drafts is not None and bufs.drafts.num_rows:
-                for r, reason in receive_verified(rec, bufs.drafts, self.engine.verify_outputs(bufs), now,
-                                                  self.kv if self.policy.trims_rejected_kv else None):
-                    self._finish(r, reason)
-            if beams_done:
-                results = self.engine.read_beams(rec.iteration, [r for r, _ in beams_done])
-                for (r, code), beams in zip(beams_done, results, strict=True):
-                    r.beams = beams
-                    self._finish(r, FINISH_REASONS[code])
+            hand_out(self, rec, bufs)
 
-    def _finish(self, r: Request, reason: str) -> None:
+    def finish(self, r: Request, reason: str) -> None:
+        """``r`` is done (``reason``): its slot and blocks go back (static: at its batch's end)."""
         if not self.holds_finished_rows:  # (static: the row stays in its batch, as padding, to the batch's end)
             self.release(r)
         if r.status is Status.WAITING and r in self.waiting:  # overlap: preempted with its last token on the device

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from strategies.base import Strategy
 from strategies.runtime.batch import ScheduledBatch
+from strategies.runtime.progress import COMPUTED, MAX_NEW, SCHEDULED, TARGET
 from strategies.scheduler import IterationScheduler
 
 
@@ -33,8 +34,12 @@ class OverlapStrategy(Strategy):
         self.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
 
     def schedule(self, iteration: int) -> ScheduledBatch:
-        for r in list(self.running):
-            if r.width == 1 and not r.is_prefilling and not r.wants_more_samples:  # last token launched, not read
-                self.release(r)
+        running = self.running
+        if running:  # a request whose last token is launched, not yet read: its slot and blocks go back now
+            c = self.progress.counters[running.slots]  # [N, 6] (one array test a step, not a request's properties)
+            launched_all = (c[:, COMPUTED] >= c[:, TARGET]) & (c[:, SCHEDULED] >= c[:, MAX_NEW])  # [N]
+            for r in [running[i] for i in launched_all.nonzero()[0].tolist()]:
+                if r.width == 1:
+                    self.release(r)
         return self.policy.schedule(iteration, self.waiting, self.schedulable(), self.slots.num_free, self._admit,
                                     self._preempt)

@@ -54,7 +54,7 @@ class BlockManager:
         self.held_blocks = np.zeros(num_slots, dtype=np.int64)
         self._width = [1] * num_slots  # beam rows of the slot's request
         self._shared = [0] * num_slots  # leading blocks every beam of the slot reads (the prompt's full ones)
-        self._hashed = [0] * num_slots  # leading blocks of the row registered in the cache
+        self._hashed = np.zeros(num_slots, dtype=np.int64)  # [S] leading blocks of the row registered in the cache
         self._ref = np.zeros(num_blocks, dtype=np.int64)  # [N] holders of each block
         self._free = FreeBlocks(num_blocks)  # never cached, or wiped
         self._evictable: OrderedDict[int, None] = OrderedDict()  # cached, held by nobody; oldest first
@@ -164,6 +164,11 @@ class BlockManager:
                 if need > own:
                     rows[b, own:need] = self._allocate(need - own)
         self.held_blocks[slot] = need
+
+    def uncommitted(self, slots: np.ndarray, computed: np.ndarray) -> np.ndarray:
+        """Indices into ``slots`` [N] whose computed tokens ``computed`` [N] have filled a block since their last
+        commit: the rows ``commit`` has work for (one array test a step, where a call per running request was)."""
+        return (computed // self.tokens_per_block > self._hashed[slots]).nonzero()[0]
 
     def commit(self, slot: int, r: Request) -> None:
         """Register the slot's blocks that are now full of known tokens with computed keys. Keys are
