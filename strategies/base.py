@@ -8,14 +8,13 @@ so a difference between strategies in a report comes from scheduling alone.
 
 from __future__ import annotations
 
-from abc import abstractmethod
 from collections import deque
 from typing import TYPE_CHECKING, ClassVar
 
 from strategies.config import ExecutorConfig
 from strategies.core.engine_core import EngineCore, Step
 from strategies.core.local_engine import engine_sizes, local_engine
-from strategies.core.postprocess import hand_out
+from strategies.core.scheduler import Scheduler
 from strategies.drafting import build_drafter
 from strategies.interface import Executor, ExecutorStalled, RequestSource
 from strategies.parts import Policy, Role
@@ -31,8 +30,8 @@ from strategies.runtime.device.stream import DeviceWork
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.models.config import ModelConfig
-from strategies.runtime.progress import COMPUTED, SlotProgress
-from strategies.runtime.request import Request, Status
+from strategies.runtime.progress import SlotProgress
+from strategies.runtime.request import Request
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +46,6 @@ class Strategy(Executor):
     separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
     pipeline_stages: ClassVar[int] = 1  # stages the device is split into (the pipeline strategy's --pp)
     holds_finished_rows: ClassVar[bool] = False  # a finished request keeps its slot until the batch ends (static)
-    policy: Policy  # the scheduling policy: each concrete strategy builds its own after the runtime
 
     def __init__(self, model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
                  clock: Clock | None = None, *, role: Role | None = None) -> None:
@@ -68,18 +66,9 @@ class Strategy(Executor):
             self.stream, self.engine = self._local_engine(sizes)
         self.stream.ready()  # the engine's tensors exist: the device orders its work after their fills
         self.core = EngineCore(self, self.engine.buffer_sets, self.depth)
-        self.slots = SlotManager(c.max_batch_size)
-        self.progress = SlotProgress(c.max_batch_size)  # running requests' counters and tokens, per slot
-        self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
-                               c.prefix_caching, c.max_beam_width)
-        # Encoder–decoder models: the cross-attention KV's blocks, held from admission to the end
-        self.cross_kv = BlockManager(c.total_cross_kv_blocks, c.tokens_per_block, c.max_batch_size,
-                                     c.max_blocks_per_seq) if model_cfg.is_encoder_decoder else None
-        self.waiting: deque[Request] = deque()
-        self.running = RunningRequests(c.max_batch_size)  # admission order, each request's slot beside it
-        self._admissions = 0
-        self._scheduling = -1  # the iteration whose schedule runs now (admissions start their slot tenure there)
-        self.last_scheduled = -1  # the last iteration scheduled with work: a release's last computed step
+        # the requests and what they hold (queue, running list, slots, progress book, KV pools); the concrete
+        # strategy gives it its policy
+        self.scheduler = Scheduler(c, self.clock, model_cfg.is_encoder_decoder, self.holds_finished_rows)
         self._phase = HostPhase(self)  # ``with self._phase(rec, "schedule"):`` times a host phase into rec
         self.recorder = StepRecorder(self.clock, self.slots, self.kv, self.waiting, self.records,
                                      role.label if role is not None else "")
@@ -93,8 +82,13 @@ class Strategy(Executor):
             raise
 
     def run(self, source: RequestSource) -> None:
-        self.source = source
+        self.take_from(source)
         self.core.run()
+
+    def take_from(self, source: RequestSource) -> None:
+        """Serve ``source``'s requests and tell it of each end (a fleet's worker: the fleet's source)."""
+        self.source = source
+        self.scheduler.on_finished = source.on_finished
 
     def close(self) -> None:
         """Stop the device streams and drop the device's tensors: nothing of it stays on the card."""
@@ -102,23 +96,44 @@ class Strategy(Executor):
             self.drafter.close()
             self.drafter = None
         self.stream.close()
-        self.slots.close_open(self.last_scheduled)
+        self.slots.close_open(self.scheduler.last_scheduled)
         self.engine = None  # type: ignore[assignment]
 
     def inject_fault(self, iteration: int) -> None:
         self.engine.fault_at_iteration = iteration
 
     def abort(self, r: Request, reason: str) -> None:
-        """End ``r`` now (its client went away): out of the queue, or its slot and blocks given back (static:
-        its row stays in the batch as padding). The engine's thread only, between steps."""
-        if r.status.terminal:
-            return
-        if r in self.waiting:
-            self.waiting.remove(r)
-        elif not self.holds_finished_rows:
-            self.release(r, "aborted")
-        r.end(Status.FAILED, reason, self.clock.now())
-        self.source.on_finished(r)
+        """End ``r`` now (its client went away); the engine's thread only, between steps."""
+        self.scheduler.abort(r, reason)
+
+    # --- the scheduler's state, read (``core/scheduler.py`` owns it and changes it) -----------------------
+    @property
+    def policy(self) -> Policy:
+        return self.scheduler.policy
+
+    @property
+    def waiting(self) -> deque[Request]:
+        return self.scheduler.waiting
+
+    @property
+    def running(self) -> RunningRequests:
+        return self.scheduler.running
+
+    @property
+    def slots(self) -> SlotManager:
+        return self.scheduler.slots
+
+    @property
+    def kv(self) -> BlockManager:
+        return self.scheduler.kv
+
+    @property
+    def cross_kv(self) -> BlockManager | None:
+        return self.scheduler.cross_kv
+
+    @property
+    def progress(self) -> SlotProgress:
+        return self.scheduler.progress
 
     def slot_tenures(self) -> list[SlotTenure]:
         return self.slots.tenures
@@ -137,8 +152,6 @@ class Strategy(Executor):
     def max_tokens_per_step(self) -> int:
         return self.config.max_num_tokens
 
-    @abstractmethod
-    def schedule(self, iteration: int) -> ScheduledBatch: ...
 
     def rejection(self, r: Request) -> str | None:
         reason = super().rejection(r)
@@ -157,10 +170,10 @@ class Strategy(Executor):
         for r in self.source.poll(self.clock.now()):
             reason = self.rejection(r)
             if reason is None:
-                self.waiting.append(r)
+                self.scheduler.add(r)
             else:
                 self._reject(r, reason)
-        return bool(self.waiting or self.running or not self.source.exhausted)
+        return self.scheduler.has_work() or not self.source.exhausted
 
     def idle(self) -> None:
         assert self.source is not None
@@ -170,63 +183,22 @@ class Strategy(Executor):
                                   f"({len(self.waiting)} waiting, {len(self.running)} running)")
         self.clock.sleep_until(nxt)
 
-    def _admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
-        """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
-        slot = self.slots.acquire(r.request_id, self._scheduling, r.width)
-        self.adopt(r, slot, len(hits) * self.kv.tokens_per_block, self.clock.now())
-        self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
-        if self.cross_kv is not None:
-            self.cross_kv.admit(slot, [], r.encoder_len)
-
-    def adopt(self, r: Request, slot: int, computed: int, now_s: float | None = None) -> None:
-        """Run ``r`` from the next schedule in ``slot``, whose blocks hold (or will hold) its first ``computed``
-        tokens' KV: a prefix hit, or a disaggregated decode worker's transfer into blocks taken before it."""
-        r.admit(slot, self._admissions, computed, now_s, self.progress)
-        self._admissions += 1
-        self.running.append(r)
-
     def schedulable(self) -> RunningRequests:
-        """The running requests a schedule may give rows: all but, on a prefill worker, the ones whose last
-        chunk is launched (under overlap it has not come back yet; they never decode there)."""
+        """Hook: the running requests the next schedule may give rows — all but, on a prefill worker, the ones
+        whose last chunk is launched (under overlap it has not come back yet; they never decode there)."""
         if self.role is None or self.role.decodes or all(r.is_prefilling for r in self.running):
             return self.running
         return self.running.select([r.is_prefilling for r in self.running], len(self.running))
-
-    def release(self, r: Request, end: str = "finished") -> None:
-        """Give back ``r``'s slot and blocks; ``end`` (finished | preempted) closes its slot tenure."""
-        if r.slot is not None:
-            self.kv.release(r.slot, r)
-            if self.cross_kv is not None:
-                self.cross_kv.release(r.slot, r)
-            self.slots.release(r.slot, r.request_id, self.last_scheduled, end)
-            r.leave_slot()
-        self.running.discard(r)  # (static keeps finished requests' slots; a preempted one is not running)
-
-    def _preempt(self, r: Request) -> None:
-        """Free ``r``'s slot and blocks, requeued at the front: it recomputes what it had (max-utilization)."""
-        self.release(r, "preempted")
-        r.preempt()
-        self.waiting.appendleft(r)
 
     def schedule_step(self, iteration: int) -> tuple[IterationRecord, ScheduledBatch]:
         if self.iteration_hook is not None:
             self.iteration_hook(iteration)
         rec = IterationRecord(iteration)
-        self._scheduling = iteration
         with self._phase(rec, "schedule"):
-            batch = self.schedule(iteration)
+            batch = self.scheduler.schedule(iteration, self.schedulable())
             if self.role is not None:
                 self.role.scheduled(batch)
-            if self.kv.prefix_caching:  # blocks this step fills become reusable for later steps
-                slots, running = self.running.slots, self.running
-                for i in self.kv.uncommitted(slots, self.progress.counters[slots, COMPUTED]).tolist():
-                    self.kv.commit(running[i].slot, running[i])
-            for c in batch.context:  # a prefill's last chunk: its slot decodes from the next step
-                if c.samples:
-                    self.slots.prefilled(c.request.slot, iteration)
         self.recorder.scheduled(rec, batch)
-        if batch:
-            self.last_scheduled = iteration
         return rec, batch
 
     def launch(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> DeviceWork:
@@ -249,15 +221,4 @@ class Strategy(Executor):
         """Hand each sampled token to its request; finish the ones the device says are done
         (``core/postprocess.py``)."""
         with self._phase(rec, "postprocess"):
-            hand_out(self, rec, bufs)
-
-    def finish(self, r: Request, reason: str) -> None:
-        """``r`` is done (``reason``): its slot and blocks go back (static: at its batch's end)."""
-        if not self.holds_finished_rows:  # (static: the row stays in its batch, as padding, to the batch's end)
-            self.release(r)
-        if r.status is Status.WAITING and r in self.waiting:  # overlap: preempted with its last token on the device
-            self.waiting.remove(r)
-        r.end(Status.FINISHED, reason)
-        assert self.source is not None
-        self.source.on_finished(r)
-
+            self.scheduler.update_from_output(rec, bufs, self.engine)

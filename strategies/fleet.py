@@ -99,7 +99,7 @@ class Fleet(Executor):
     def run(self, source: RequestSource) -> None:
         self.source = source
         for w in self.workers:
-            w.source = source
+            w.take_from(source)
         while self._intake() or any(w.core.queue for w in self.alive) or self._pending():
             self._between_steps()
             due: dict[Worker, Step] = {}  # each worker's oldest step, where it must be waited for (``due``)
@@ -148,7 +148,7 @@ class Fleet(Executor):
         for r in self.source.poll(self.clock.now()):
             reason = self.rejection(r)
             if reason is None:
-                self._route().waiting.append(r)
+                self._route().scheduler.add(r)
             else:
                 self._reject(r, reason)
         return any(w.waiting or w.running for w in self.alive) or not self.source.exhausted

@@ -3,6 +3,8 @@ a role. (The drafter is a ``DraftModel`` or None; the recorder is ``recorder.Ste
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -12,11 +14,32 @@ if TYPE_CHECKING:
     from strategies.runtime.request import Request
 
 
+Admit = Callable[["Request", list[int], int], None]  # (request, cached prefix blocks, tokens to reserve)
+Preempt = Callable[["Request"], None]
+
+
+class Queues(Protocol):
+    """What a policy reads and changes of its scheduler (``core/scheduler.py``): the queue, the free slots, and
+    the two calls that move a request between them."""
+
+    waiting: deque[Request]
+
+    @property
+    def free_slots(self) -> int: ...
+
+    def admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None: ...
+
+    def preempt(self, r: Request) -> None: ...
+
+
 class Policy(Protocol):
-    """What a scheduling policy answers beside its schedule (whose arguments differ by policy: the strategy's
-    ``schedule`` calls it): ``scheduler.IterationScheduler``, ``static/batcher.StaticBatcher``."""
+    """A scheduling policy: ``scheduler.IterationScheduler``, ``static/batcher.StaticBatcher``."""
 
     trims_rejected_kv: bool  # blocks past rejected drafts go back at once (else they stay reserved)
+
+    def schedule(self, iteration: int, queues: Queues, running: list[Request]) -> ScheduledBatch:
+        """Step ``iteration``: rows for ``running`` (the running requests it may give rows this step) and for
+        the requests it admits from ``queues``."""
 
     def rejection(self, r: Request) -> str | None:
         """Why this policy can never schedule ``r`` (beyond the executor's own limits), or None."""

@@ -18,8 +18,7 @@ from its longest cached prefix (prefix caching) and computes only the rest.
 from __future__ import annotations
 
 import math
-from collections import deque
-from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from strategies.config import ExecutorConfig
 from strategies.running import RunningRequests
@@ -29,8 +28,8 @@ from strategies.runtime.progress import COMPUTED, MAX_NEW, MIN_ARRAY_ROWS, SCHED
 from strategies.runtime.request import Request
 from strategies.speculation import propose_drafts
 
-Admit = Callable[[Request, list[int], int], None]  # (request, cached prefix blocks, tokens to reserve)
-Preempt = Callable[[Request], None]
+if TYPE_CHECKING:
+    from strategies.parts import Preempt, Queues
 
 
 class IterationScheduler:
@@ -69,8 +68,10 @@ class IterationScheduler:
         spare = self.watermark if busy else 0
         return self.kv.admission_blocks(hits, reserve, r) <= self.kv.free_blocks - spare
 
-    def schedule(self, iteration: int, waiting: deque[Request], running: list[Request], free_slots: int,
-                 admit: Admit, preempt: Preempt) -> ScheduledBatch:
+    def schedule(self, iteration: int, queues: Queues, running: list[Request]) -> ScheduledBatch:
+        """Step ``iteration`` over ``running`` (the running requests it may give rows) and ``queues``' waiting
+        requests (admitted, and running ones preempted, through ``queues``)."""
+        waiting, free_slots, preempt = queues.waiting, queues.free_slots, queues.preempt
         batch = ScheduledBatch(iteration)
         kv, tpb = self.kv, self.kv.tokens_per_block
         budget = self.config.max_num_tokens
@@ -107,7 +108,7 @@ class IterationScheduler:
             if not self.fits(r, hits, reserve, busy=bool(running)):
                 break
             waiting.popleft()
-            admit(r, hits, reserve)
+            queues.admit(r, hits, reserve)
             batch.admitted.append(r)
             free_slots -= 1
             rows += r.width

@@ -110,15 +110,15 @@ def test_encode_runs_first_on_the_device_and_counts_in_ttft(bart):
     requests = _requests(specs)
     s = get_strategy("overlap")(mc, model, ExecutorConfig(**BASE))
     admitted_in: dict[str, int] = {}  # request → the iteration that admitted it (first admission)
-    schedule = s.schedule
+    schedule = s.scheduler.schedule
 
-    def spy(iteration):
-        batch = schedule(iteration)
+    def spy(iteration, running):
+        batch = schedule(iteration, running)
         for r in batch.admitted:
             admitted_in.setdefault(r.request_id, iteration)
         return batch
 
-    s.schedule = spy
+    s.scheduler.schedule = spy
     try:
         s.run(ListSource(requests))
     finally:

@@ -23,7 +23,7 @@ from strategies.runtime.kv.free_blocks import FreeBlocks
 from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler
-from tests.util import TINY64, make_requests, reference_decode, run_strategy, tiny_models
+from tests.util import TINY64, Queues, make_requests, reference_decode, run_strategy, tiny_models
 from tests.util import cli as run_cli
 
 cli = partial(run_cli, timeout=600)  # whole runs
@@ -263,8 +263,7 @@ def test_running_decodes_get_their_token_before_any_prefill_chunk():
         kv.admit(slot, [], r.prompt_len + r.max_new_tokens)
     long.num_computed_tokens = 48
     short.num_computed_tokens, short.num_output_tokens = 5, 1  # decoding
-    batch = IterationScheduler(cfg, kv).schedule(0, __import__("collections").deque(), [long, short], 2,
-                                                 lambda *a: None, lambda r: None)
+    batch = IterationScheduler(cfg, kv).schedule(0, Queues(free_slots=2), [long, short])
     assert [g.request.request_id for g in batch.generation] == ["short"]
     assert [(c.request.request_id, c.length) for c in batch.context] == [("long", 15)]
     assert isinstance(batch.context[0], ContextChunk) and isinstance(batch.generation[0], GenerationStep)

@@ -131,20 +131,20 @@ def test_micro_batches_hold_disjoint_requests(pipeline):
     """No scheduled request is in a micro-batch still in flight (TensorRT-LLM's inflight_req_ids)."""
     got = make_requests(_specs([(10, 12)] * 6, 0.0, 3))
     overlaps, in_flight_seen = [], []
-    schedule = pipeline.schedule
+    schedule = pipeline.scheduler.schedule
 
-    def spy(iteration):
-        batch = schedule(iteration)
+    def spy(iteration, running):
+        batch = schedule(iteration, running)
         ids = {id(c.request) for c in batch.context} | {id(r) for r in batch.gen_requests}
         overlaps.append(ids & pipeline._in_flight)
         in_flight_seen.append(len(pipeline._in_flight))
         return batch
 
-    pipeline.schedule = spy
+    pipeline.scheduler.schedule = spy
     try:
         _serve(pipeline, got)
     finally:
-        del pipeline.schedule
+        del pipeline.scheduler.schedule
     assert max(in_flight_seen) > 0 and not any(overlaps)
 
 

@@ -10,6 +10,7 @@ import select
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +66,17 @@ def data_rows(name: str) -> list[dict[str, str]]:
 
 # float64 so that different batch shapes cannot flip a near-tie between two logits.
 TINY64 = PRESETS["tiny"].with_dtype("float64")
+
+
+class Queues:
+    """A policy's queues (``strategies/parts.py``: Queues) for a policy called on its own: a waiting queue, a
+    count of free slots, and what admit and preempt do (nothing, by default)."""
+
+    def __init__(self, waiting=(), free_slots: int = 0, admit=None, preempt=None) -> None:
+        self.waiting = deque(waiting)
+        self.free_slots = free_slots
+        self.admit = admit or (lambda *a: None)
+        self.preempt = preempt or (lambda r: None)
 
 
 class ListSource:

@@ -22,9 +22,8 @@ if TYPE_CHECKING:
 
 
 class Receiver(Protocol):
-    """What a postprocess reads and calls of its strategy (``strategies/base.py``)."""
+    """What a postprocess reads and calls of its scheduler (``core/scheduler.py``)."""
 
-    engine: Any  # the runtime engine (outputs, verify_outputs, read_beams)
     clock: Clock
     progress: SlotProgress
     policy: Policy
@@ -33,9 +32,9 @@ class Receiver(Protocol):
     def finish(self, r: Request, reason: str) -> None: ...
 
 
-def hand_out(s: Receiver, rec: IterationRecord, bufs: BufferSet) -> None:
-    """Step ``rec``'s outputs in ``bufs`` to their requests."""
-    out = s.engine.outputs(bufs)  # [R, 2] token, finish code
+def hand_out(s: Receiver, engine: Any, rec: IterationRecord, bufs: BufferSet) -> None:
+    """Step ``rec``'s outputs in ``bufs`` to their requests (``engine``: the runtime's, which reads them)."""
+    out = engine.outputs(bufs)  # [R, 2] token, finish code
     io = bufs.step
     rows, n = io.rows, len(io.rows)
     # the host holds the tokens from here; a streaming client sees them after the serving path
@@ -63,11 +62,11 @@ def hand_out(s: Receiver, rec: IterationRecord, bufs: BufferSet) -> None:
             else:
                 s.finish(r, FINISH_REASONS[code])
     if bufs.drafts is not None and bufs.drafts.num_rows:
-        for r, reason in receive_verified(rec, bufs.drafts, s.engine.verify_outputs(bufs), now,
+        for r, reason in receive_verified(rec, bufs.drafts, engine.verify_outputs(bufs), now,
                                           s.kv if s.policy.trims_rejected_kv else None):
             s.finish(r, reason)
     if beams_done:
-        results = s.engine.read_beams(rec.iteration, [r for r, _ in beams_done])
+        results = engine.read_beams(rec.iteration, [r for r, _ in beams_done])
         for (r, code), beams in zip(beams_done, results, strict=True):
             r.beams = beams
             s.finish(r, FINISH_REASONS[code])

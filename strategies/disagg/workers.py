@@ -59,7 +59,7 @@ class PrefillRole(ReplicaRole):
     def sent(self, r: Request) -> None:
         """``r``'s KV has left: its slot and blocks go back (prefix caching keeps full blocks reusable)."""
         self.sending.remove(r)
-        self.worker.release(r, "handed off")
+        self.worker.scheduler.release(r, "handed off")
 
     def requests(self) -> list[Request]:
         return [*super().requests(), *self.sending]
@@ -101,7 +101,7 @@ class DecodeRole(ReplicaRole):
         """``r``'s prompt KV is in its preallocated blocks: it runs from the next schedule."""
         w = self.worker
         slot = self.receiving.pop(r)
-        w.adopt(r, slot, r.prompt_len)  # computed: the prompt; left: the first token
+        w.scheduler.adopt(r, slot, r.prompt_len)  # computed: the prompt; left: the first token
         self._arrived.append(r)
         self._first_out.append(r)
 
@@ -123,7 +123,7 @@ class DecodeRole(ReplicaRole):
         w = self.worker
         slot = self.receiving.pop(r)
         w.kv.release(slot, r)
-        w.slots.release(slot, r.request_id, w.last_scheduled, "cancelled")
+        w.slots.release(slot, r.request_id, w.scheduler.last_scheduled, "cancelled")
 
     def scheduled(self, batch: ScheduledBatch) -> None:
         """A request's first step here resets its decoder-state row: it counts as admitted in that step."""

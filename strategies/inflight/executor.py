@@ -10,7 +10,6 @@ iteration scheduler (``strategies/scheduler.py``); a fleet's worker is this stra
 from __future__ import annotations
 
 from strategies.base import Strategy
-from strategies.runtime.batch import ScheduledBatch
 from strategies.scheduler import IterationScheduler
 
 
@@ -20,8 +19,4 @@ class InflightStrategy(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
-
-    def schedule(self, iteration: int) -> ScheduledBatch:
-        return self.policy.schedule(iteration, self.waiting, self.schedulable(), self.slots.num_free, self._admit,
-                                    self._preempt)
+        self.scheduler.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)

@@ -19,7 +19,7 @@ only once n's outputs are read.
 from __future__ import annotations
 
 from strategies.base import Strategy
-from strategies.runtime.batch import ScheduledBatch
+from strategies.running import RunningRequests
 from strategies.runtime.progress import COMPUTED, MAX_NEW, SCHEDULED, TARGET
 from strategies.scheduler import IterationScheduler
 
@@ -31,15 +31,16 @@ class OverlapStrategy(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
+        self.scheduler.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
 
-    def schedule(self, iteration: int) -> ScheduledBatch:
+    def schedulable(self) -> RunningRequests:
+        """Before each schedule, the early release: a request whose last token is launched but not yet read
+        gives its slot and blocks back now (length finishes are known in advance)."""
         running = self.running
-        if running:  # a request whose last token is launched, not yet read: its slot and blocks go back now
+        if running:
             c = self.progress.counters[running.slots]  # [N, 6] (one array test a step, not a request's properties)
-            launched_all = (c[:, COMPUTED] >= c[:, TARGET]) & (c[:, SCHEDULED] >= c[:, MAX_NEW])  # [N]
-            for r in [running[i] for i in launched_all.nonzero()[0].tolist()]:
+            all_sent = (c[:, COMPUTED] >= c[:, TARGET]) & (c[:, SCHEDULED] >= c[:, MAX_NEW])  # [N]
+            for r in [running[i] for i in all_sent.nonzero()[0].tolist()]:
                 if r.width == 1:
-                    self.release(r)
-        return self.policy.schedule(iteration, self.waiting, self.schedulable(), self.slots.num_free, self._admit,
-                                    self._preempt)
+                    self.scheduler.release(r)
+        return super().schedulable()

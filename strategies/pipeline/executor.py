@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from strategies.base import Strategy
 from strategies.config import ExecutorConfig
 from strategies.core.engine_core import Step
+from strategies.running import RunningRequests
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.buffer_set import BufferSet
 from strategies.runtime.device.clock import Clock
@@ -46,7 +47,7 @@ class PipelineStrategy(Strategy):
         # The slots are shared by the M micro-batches: each takes at most its share of rows, so that the
         # pipeline fills with M micro-batches of similar size instead of one that takes every request.
         self.rows_per_micro_batch = -(-config.max_batch_size // self.depth)
-        self.policy = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
+        self.scheduler.policy = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
                                          self.cross_kv, self.progress)
 
     def _process_engine(self, sizes: dict) -> tuple:
@@ -76,9 +77,9 @@ class PipelineStrategy(Strategy):
             return "pipeline: beam search is not supported"
         return super().rejection(r)
 
-    def schedule(self, iteration: int) -> ScheduledBatch:
-        idle = self.running.select([id(r) not in self._in_flight for r in self.running], self.rows_per_micro_batch)
-        return self.policy.schedule(iteration, self.waiting, idle, self.slots.num_free, self._admit, self._preempt)
+    def schedulable(self) -> RunningRequests:
+        """The running requests no micro-batch in flight holds, at most a micro-batch's share of them."""
+        return self.running.select([id(r) not in self._in_flight for r in self.running], self.rows_per_micro_batch)
 
     def launching(self, rec: IterationRecord, batch: ScheduledBatch, bufs: BufferSet) -> None:
         """The micro-batch's requests are in flight until it comes back: no other micro-batch takes them."""

@@ -11,13 +11,16 @@ its padded prompt and the batch's decode steps really write; slots and blocks go
 from __future__ import annotations
 
 from collections import deque
+from typing import TYPE_CHECKING
 
 from strategies.config import ExecutorConfig
 from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.request import Request, Status
-from strategies.scheduler import Admit
 from strategies.speculation import propose_drafts
+
+if TYPE_CHECKING:
+    from strategies.parts import Admit, Queues
 
 
 class StaticBatcher:
@@ -44,10 +47,12 @@ class StaticBatcher:
         """Every row of the batch has ended (and the batch's slots may go back)."""
         return all(r.status.terminal for r in self.batch)
 
-    def schedule(self, iteration: int, waiting: deque[Request], admit: Admit) -> ScheduledBatch:
+    def schedule(self, iteration: int, queues: Queues, running: list[Request]) -> ScheduledBatch:
+        """A new batch from ``queues``' waiting requests when none runs, else the running batch's next step (its
+        own rows: ``running`` is not read)."""
         batch = ScheduledBatch(iteration)
         if not self.batch:
-            self._form_batch(batch, waiting, admit)
+            self._form_batch(batch, queues.waiting, queues.admit)
         if self._to_prefill:
             self._prefill(batch)
         elif self.batch:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from strategies.base import Strategy
 from strategies.core.engine_core import Step
-from strategies.runtime.batch import ScheduledBatch
 from strategies.static.batcher import StaticBatcher
 
 
@@ -18,18 +17,15 @@ class StaticStrategy(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.policy = StaticBatcher(self.config, self.kv, self.cross_kv)
+        self.scheduler.policy = StaticBatcher(self.config, self.kv, self.cross_kv)
 
     def max_tokens_per_step(self) -> int:
         # a prompt longer than the token budget prefills alone, whole: static batching cannot chunk a row
         return max(self.config.max_num_tokens, self.config.max_batch_size, self.config.max_seq_len)
 
-    def schedule(self, iteration: int) -> ScheduledBatch:
-        return self.policy.schedule(iteration, self.waiting, self._admit)
-
     def retired(self, step: Step) -> None:
         """The engine core's depth 1: after each step, the batch may end: its slots and blocks go back."""
         if self.policy.batch and self.policy.done:
             for r in self.policy.batch:
-                self.release(r)
+                self.scheduler.release(r)
             self.policy.batch = []

@@ -36,7 +36,7 @@ def _engine(width: int):
     reqs = [Request(f"r{i}", np.arange(128 + 2 * i * width) % 4000, NEW, SamplingParams(beam_width=width))
             for i in range(ROWS // width)]
     for r in reqs:
-        s._admit(r, [], r.prompt_len + NEW)
+        s.scheduler.admit(r, [], r.prompt_len + NEW)
     return s, reqs
 
 

@@ -42,7 +42,7 @@ def step_times(cpu_device: str, steps: int = 300) -> tuple[float, float, float]:
     try:
         reqs = [Request(f"r{i}", np.arange(32 + i % 8) % 500, 64, SamplingParams()) for i in range(64)]
         for r in reqs:
-            s._admit(r, [], r.prompt_len + 64)
+            s.scheduler.admit(r, [], r.prompt_len + 64)
         batch = ScheduledBatch(0, gen_requests=list(reqs), gen_positions=[r.prompt_len + 10 for r in reqs])
         bufs = s.engine.buffer_sets[0]
 

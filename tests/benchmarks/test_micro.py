@@ -33,7 +33,7 @@ from strategies.runtime.models.llama import Attention, build_model, script_model
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler
-from tests.util import ListSource
+from tests.util import ListSource, Queues
 
 torch.set_num_threads(1)
 pytestmark = pytest.mark.serial  # timings: run alone, after the parallel part
@@ -78,7 +78,7 @@ def decode_step():
     try:
         reqs = [Request(f"r{i}", np.arange(128 + 2 * i) % 4000, 64, SamplingParams()) for i in range(32)]
         for r in reqs:
-            s._admit(r, [], r.prompt_len + 64)
+            s.scheduler.admit(r, [], r.prompt_len + 64)
         batch = ScheduledBatch(0, gen_requests=list(reqs), gen_positions=[r.prompt_len + 30 for r in reqs])
         bufs = s.engine.buffer_sets[0]
 
@@ -219,7 +219,9 @@ def test_scheduler_step(benchmark, waiting, decode_step):
             sched.kv.admit(slot, hits, reserve)
             running.append(r)
 
-        sched.schedule(0, queue, running, len(free), admit, lambda r: None)
+        queues = Queues(free_slots=len(free), admit=admit)
+        queues.waiting = queue
+        sched.schedule(0, queues, running)
 
     measure(benchmark, step, rounds=20, setup=setup)
     t, decode = interleaved(step, decode_step, rounds=20, setup=setup)
