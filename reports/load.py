@@ -1,7 +1,7 @@
 """Read run directories into the DataFrames the report is built from (documented columns only).
 
 A run directory holds ``summary.csv``, ``run.json`` and, per strategy, ``requests.parquet``,
-``iterations.parquet``, ``slots.parquet`` and ``tokens.jsonl`` (see the README's output contract). A
+``iterations.parquet``, ``slots.parquet`` and ``tokens.jsonl`` (docs/outputs.md: the output contract). A
 suite directory holds several run directories and a ``suite.json`` naming them with their swept
 parameters. A ``.json`` file is a ``vllm bench serve --save-result`` file (``reports/vllm_result.py``).
 """

@@ -136,7 +136,7 @@ class IterationScheduler:
             every = len(running) <= budget and bool(wants.all())  # the common step: each running request decodes
             if every:  # (a copy: the list's array shifts as the list changes, and the batch keeps these)
                 slots, positions = slots.copy(), computed  # [G = N] each: the input token's position
-            else:  # (``nonzero`` here and below: np.flatnonzero's Python wrapper costs ~1 us a call more)
+            else:  # (``nonzero`` here and below, not np.flatnonzero: its wrapper's cost, docs/host-path.md)
                 picked = wants.nonzero()[0][:budget]  # [G] indices into running
                 slots, positions = slots[picked], computed[picked]  # [G] each
             new_block = (positions >= held[slots] * tpb).nonzero()[0].tolist()  # [g] starts a block
@@ -169,8 +169,8 @@ class IterationScheduler:
             slots, batch.gen_positions = [slot for slot, _ in picked], positions
         for i in new_block:
             kv.grow(int(slots[i]), batch.gen_positions[i] + 1)
-        # (a slice copies the list in C, ~1 us for 235; map over the rows ~6, a comprehension indexing the list
-        # subclass ~10)
+        # (a slice copies the list in C; map over the rows next; a comprehension indexing the list subclass is
+        # slowest: docs/host-path.md)
         batch.gen_requests = running[:] if rows is None else list(map(running.__getitem__, rows))
         return prefills, budget - len(batch.gen_requests)
 

@@ -40,7 +40,7 @@ def test_measured_formats(tmp_path, validation):
     rows = pd.DataFrame(read_measured(general)).set_index(["stage", "metric", "stat"])["value"]
     st = doc["stages"][1]
     assert rows[(1, "ttft_ms", "median")] == st["ttft_ms"]["median"]
-    # the README's rule: (E2E - TTFT) / (max_tokens - 1), not the file's per-event sse_tpot_ms
+    # docs/simulator.md's rule: (E2E - TTFT) / (max_tokens - 1), not the file's per-event sse_tpot_ms
     assert rows[(1, "tpot_ms", "mean")] == pytest.approx((4158.15 - 51.854) / 247)
     assert rows[(1, "request_throughput", "value")] == pytest.approx(12000 / 600)
     life = {"load_summary": {"count": 10}, "failures": {"count": 2},

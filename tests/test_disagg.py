@@ -289,7 +289,7 @@ def test_simulated_transfer_costs_what_the_link_says(tmp_path):
     waited = (req["kv_transfer_start_s"] - req["kv_ready_s"]) * 1e3
     assert (req["kv_ready_s"] >= req["admitted_s"]).all()
     assert (waited >= 0).all() and row["p99_kv_queue_ms"] == pytest.approx(np.percentile(waited, 99))
-    # Two first-token times (README, "Under disagg"): a client behind a proxy gets the first token only once the
+    # Two first-token times (docs/outputs.md, "Metrics"): a client behind a proxy gets the first token only once the
     # KV has landed and the decode worker has stepped (after kv_transfer_end_s); the prefill worker read it before
     # its KV left (prefill_first_token_s <= kv_transfer_start_s, --serving-path none here: engine times)
     assert (req["first_token_s"] > req["kv_transfer_end_s"]).all()

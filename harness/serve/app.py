@@ -59,7 +59,7 @@ class FrontEnd:
         self.closing = False
         self._lock = threading.Lock()
         self._active: dict[Request, _Track] = {}
-        self.proxied = engine.name == "disagg"  # the ttft a client behind a proxy sees (README: "Under disagg")
+        self.proxied = engine.name == "disagg"  # the ttft a client behind a proxy sees (docs/outputs.md, "Metrics")
         self._ids = itertools.count()
 
     def app(self) -> web.Application:

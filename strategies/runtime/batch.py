@@ -74,7 +74,7 @@ class ScheduledBatch:
     # [G] the slot of each, where the scheduler picked them over the slots' arrays (None: read from requests)
     gen_slots: np.ndarray | None = None
     # [G] ``gen_positions`` as the array the scheduler computed them in, with ``gen_slots`` (the buffers' fill
-    # reads it instead of converting the list back: ~6 us a step at batch ~235)
+    # reads it instead of converting the list back: docs/host-path.md)
     gen_position_array: np.ndarray | None = None
     admitted: list[Request] = field(default_factory=list)  # decoder-state rows to reset before the step
     preempted: list[Request] = field(default_factory=list)  # gave up slot and KV in this schedule

@@ -51,7 +51,7 @@ class SlotProgress:
         self.fit(counters[PROMPT] + most, most)
         self.counters[slot] = counters
         self.tokens[slot, :len(tokens)] = tokens
-        if times:  # (a first admission has none; a list written into an array costs ~0.4 us even empty)
+        if times:  # (a first admission has none; writing even an empty list costs: docs/host-path.md)
             self.times[slot, :len(times)] = times
         self.key[slot] = (self.key[slot] | 1) + 1 + running  # the next tenure
         self.holder[slot] = holder
@@ -79,7 +79,7 @@ class SlotProgress:
             self.tokens[s, c[:, PROMPT] + k] = out[fast, 0]
             self.times[s, k] = now
             self.counters[s, OUTPUTS] = k + 1  # one sample less in flight: SCHEDULED stays
-            return (~fast).nonzero()[0].tolist()  # (np.flatnonzero's wrapper costs ~1 us more)
+            return (~fast).nonzero()[0].tolist()  # (not np.flatnonzero: its wrapper costs, docs/host-path.md)
         rest = []
         counters, key, tokens, times = self.counters, self.key, self.tokens, self.times
         for i, (s, expected, (token, code)) in enumerate(zip(slots.tolist(), keys.tolist(), out.tolist(),

@@ -1,11 +1,11 @@
-"""Issue 27's figures, whole commands as a user runs them: the 200-request simulated run, the README's 70B
+"""Issue 27's figures, whole commands as a user runs them: the 200-request simulated run, docs/simulator.md's 70B
 run (and its measured host time per iteration), the CPU device's default run (inflight's host time per
 iteration, beside the same host code between simulated steps, back to back and each after a wait), how
 many distinct step shapes the 70B run's cost model priced, and what a wait does to the host's next array
 operations. Each command runs ``ROUNDS`` times and the best is kept (machines are shared). Seconds on the
 clock depend on the machine, so the test command leaves these out: ``python -m pytest -m speed -s
 tests/benchmarks/test_host_speed.py`` prints each figure; the bounds are the figures measured when the
-work landed plus headroom, to catch a regression, not the issue's goals (the README's "Simulated device"
+work landed plus headroom, to catch a regression, not the issue's goals (docs/benchmarks.md's "Host speed"
 section gives both)."""
 
 import os
@@ -93,7 +93,7 @@ def test_cpu_default_run_host_time(benchmark, tmp_path):
     once with the host spinning for the CPU run's median wait before each step's outputs, as a device's host
     does, with no device process and no torch anywhere. The wait alone brings the host's time to the CPU
     device's (0.245-0.503 against 0.265-0.444 ms in five runs at 4e582ca, back to back 0.144-0.225): after
-    10-20 ms of anything else the host's code is no longer in the core's caches (the README's "Host speed")."""
+    10-20 ms of anything else the host's code is no longer in the core's caches (docs/benchmarks.md, "Host speed")."""
     benchmark(lambda: None)
     _, summary = _best_run(["--strategies", "inflight"], tmp_path / "cpu")
     host_ms = float(summary["host_ms_per_iteration"].iloc[0])
@@ -161,7 +161,7 @@ def test_host_ops_after_a_wait(benchmark):
         cold_of[wait_ms, what] = cold_us
         assert hot_us < 50
     print(f"\nthree array operations over 29 rows: {hot_us:.1f} us back to back; {', '.join(figures)}")
-    # What the README concludes from these figures (its "Simulated device" section), as ratios of one run: the
+    # What docs/benchmarks.md concludes from these figures ("Host speed"), as ratios of one run: the
     # longer the wait the slower the operations after it, and what the wait loses is code more than data
     # (running the same operations elsewhere first restores more than reading the arrays' bytes does)
     assert cold_of[1, ""] < cold_of[3, ""] < cold_of[12, ""] and cold_of[12, ""] > 2 * cold_of[1, ""], figures

@@ -3,7 +3,7 @@
 The test command runs every one once with benchmarking disabled (``--benchmark-disable`` in addopts):
 each then times itself (a median of repeats) and asserts its bound, so CI catches a regression without
 the full statistics. For real numbers: ``python -m pytest tests/benchmarks --benchmark-only
---benchmark-enable`` (see the README). Bounds are ratios to the ``small`` decode step at batch 32, timed
+--benchmark-enable`` (see docs/benchmarks.md). Bounds are ratios to the ``small`` decode step at batch 32, timed
 in turn with the function under test (a, step, a, step, ...), so a slower or busier machine moves both
 sides of every ratio alike.
 """

@@ -18,7 +18,7 @@ CASES = {
     # ~1,500 iterations at batch <= 8 (a 40-request slice of the 200-request run at 5 req/s)
     "8b-batch-le-8": (RunOptions(device="sim", gpu="h200", model_spec="llama-3-8b", request_rate=5.0, num_prompts=40),
                       1e-3),
-    # the README's 70B / TP4 / H200 run, 1,000 of its 10,000 requests: batches of ~100-200
+    # docs/simulator.md's 70B / TP4 / H200 run, 1,000 of its 10,000 requests: batches of ~100-200
     "70b-tp4": (RunOptions(device="sim", gpu="h200", model_spec="llama-3-70b", tp=4, request_rate=18.0,
                            num_prompts=1000, input_len=512, output_len=256, max_batch_size=256, max_seq_len=2048,
                            max_num_tokens=8192, ignore_eos=True), 4e-3),

@@ -27,13 +27,13 @@ from strategies.runtime.device.stream import DeviceStream, DeviceWork
 from strategies.runtime.kv_transfer.gloo_link import GlooLink
 
 # Both sides poll for the other's next message this long before they block: a process woken from a blocked
-# read takes ~0.1 ms on a VM, which every synchronous step would pay twice; a GPU answers in microseconds
-# (and CUDA's default wait spins too). After a step, the device polls through the host's next schedule and
-# prepare, so it starts the next step warm; a run with nothing to do blocks after POLL_S.
+# read takes a while on a VM (docs/host-path.md), which every synchronous step would pay twice; a GPU answers
+# in microseconds (and CUDA's default wait spins too). After a step, the device polls through the host's next
+# schedule and prepare, so it starts the next step warm; a run with nothing to do blocks after POLL_S.
 POLL_S = 0.002
 # The host waiting for a step it launched polls through the whole step (up to this long), as a CUDA host
 # spins in synchronize: one that blocked after POLL_S woke cold, and its next postprocess and prepare ran
-# slower for it (default run, inflight host time 0.32-0.36 -> 0.27 ms per iteration). Each turn yields
+# slower for it (docs/host-path.md). Each turn yields
 # the core, so the device's threads and other processes still run.
 HOST_WAIT_POLL_S = 0.1
 

@@ -30,7 +30,7 @@ assert (CONTINUE, STOP) == (0, 1), "SimDecoder.step reads a row's stop-id match 
 
 def sim_tokens(seeds: np.ndarray, steps: np.ndarray, vocab: int) -> np.ndarray:
     """One token per row: a splitmix64-style mix of (seed, step) (uint64 arrays, [R] each: integer arrays
-    wrap silently, so no ``errstate``, which cost a step ~2 us), reduced to the vocabulary."""
+    wrap silently, so no ``errstate``, whose cost is in docs/host-path.md), reduced to the vocabulary."""
     x = seeds * _GOLDEN  # [R]
     x += steps
     x ^= x >> _S30
@@ -74,13 +74,13 @@ class SimDecoder:
         self.stop_ids[slots] = stops
         self.finished[slots] = False
         w = self.stop_width
-        # (a list: most admissions are one row, where an array reduction costs ~1.5 us and this ~0.3)
+        # (a list: most admissions are one row, where an array reduction costs more: docs/host-path.md)
         if w < stops.shape[1] and max(stops[:, w].tolist()) >= 0:  # a row with more stop ids than any before
             self.stop_width = int((stops != -1).sum(axis=1).max())
 
     def step(self, slots: np.ndarray, out: np.ndarray) -> None:
         """One token and finish code per row of ``slots [R]`` (a request once, beams or not) into ``out [R, 2]``.
-        Few array operations: each costs ~1 us however short the array, and most steps have few rows."""
+        Few array operations: each has a fixed cost however short the array, and most steps have few rows."""
         finished = self.finished[slots]  # [R]
         gen = self.gen_len[slots]  # [R]
         tokens = sim_tokens(self.seed[slots], gen, self.vocab)  # [R]

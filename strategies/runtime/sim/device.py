@@ -86,7 +86,7 @@ class SimStream(DeviceStream):
     def _submit(self, work: DeviceWork, pieces: list[Piece]) -> None:
         """The pieces' work (the simulated decoder's numpy rule; no torch op), off the virtual clock; a
         failure goes to ``wait``."""
-        t = self.clock.stop()  # (not a context manager: contextlib's cost ~2 us a step)
+        t = self.clock.stop()  # (not a context manager: contextlib's cost, docs/host-path.md)
         try:
             self._run_pieces(work, pieces)
         finally:
