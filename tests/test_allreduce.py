@@ -1,14 +1,14 @@
-"""Tensor parallelism's all-reduce as vLLM picks and runs it on Hopper (sim/allreduce.py), checked against what
-vLLM's source says and what its and SGLang's published kernel benchmarks measured — not against serving runs."""
+"""Tensor parallelism's all-reduce as vLLM picks and runs it on Hopper (sim/published/allreduce.py), checked against
+what vLLM's source says and what its and SGLang's published kernel benchmarks measured — not against serving runs."""
 
 from dataclasses import replace
 
 import pytest
 
 from strategies.runtime.batch import BatchWork
-from strategies.runtime.sim.allreduce import MIB, implementation, vllm_allreduce_s
 from strategies.runtime.sim.cost import CostModel
 from strategies.runtime.sim.profile import DeviceProfile
+from strategies.runtime.sim.published.allreduce import MIB, implementation, vllm_allreduce_s
 from strategies.runtime.sim.specs import MODEL_SPECS
 
 H100 = DeviceProfile.for_gpu("h100")

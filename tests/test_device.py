@@ -176,10 +176,10 @@ def test_static_buffers_are_sized_by_the_token_budget_not_seq_len_times_batch():
             s.close()
 
 
-# scripts/gpu-check's groups in three parts of 14-28 s each on this 2-core machine, with the checks each part
-# passes on the CPU: 30 in all (the launch group: every strategy on Llama and BART, n-gram verify, a draft model,
+# scripts/gpu-check's groups in three parts on this 2-core machine, with the checks each part passes on the CPU: 36
+# in all (the launch group: every strategy on Llama, BART and a mixture of experts, n-gram verify, a draft model,
 # disagg's KV pieces)
-GPU_CHECK_PARTS = [("spec-disagg,stream", 7), ("launch,precision,tests,sync,nsys", 11), ("runs,beams,encdec", 12)]
+GPU_CHECK_PARTS = [("spec-disagg,stream,moe", 10), ("launch,precision,tests,sync,nsys", 14), ("runs,beams,encdec", 12)]
 
 
 @pytest.mark.parametrize(("groups", "checks"), GPU_CHECK_PARTS)

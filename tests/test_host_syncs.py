@@ -63,10 +63,12 @@ def host_syncs(graph: torch._C.Graph) -> list[str]:
 
 def graphs() -> dict[str, torch._C.Graph]:
     llama = script_model(build_model(PRESETS["tiny"]))
+    moe = script_model(build_model(PRESETS["tiny-moe"]))  # the routing and the experts' sum: no host read
     bart = script_model(build_bart(PRESETS["tiny-bart"]))
     cfg = PRESETS["tiny"]
     stage = script_model(StageModel(cfg, 0, cfg.num_hidden_layers, True, True))
-    return {"LlamaModel.step": llama.step.graph, "BartModel.encode": bart.encode.graph,
+    return {"LlamaModel.step": llama.step.graph, "LlamaModel.step (mixture of experts)": moe.step.graph,
+            "BartModel.encode": bart.encode.graph,
             "BartModel.step": bart.step.graph, "StageModel.step": stage.step.graph,
             "admit": decoder_state._admit.graph, "admit_beams": decoder_state._admit_beams.graph,
             "sample_and_apply": decoder_state._sample_and_apply.graph, "beam_step": beam_step.graph,

@@ -42,7 +42,9 @@ class RunOptions(EndpointOptions, DisaggOptions):
                                          "or a config.json directory)")
     tp: int = _opt(1, "sim: tensor-parallel degree")
     ep: int = _opt(1, "sim, a mixture-of-experts spec: expert-parallel degree (= --tp: whole experts split over "
-                      "the engine's GPUs, an all-to-all each way per layer; 1: every expert sharded --tp ways)")
+                      "the engine's GPUs, combined by the layer's all-reduce; 1: every expert sharded --tp ways)")
+    moe_skew: float = _opt(0.0, "sim, a mixture-of-experts spec: routing skew (0: uniform; s: expert e takes "
+                                "tokens in proportion to (e + 1) ** -s)")
     profile: str | None = _opt(None, "sim: calibrated device profile (from `slotbench calibrate`)")
     host_time: str = _opt("measured", "sim: host time measured (real host code) or modelled",
                           choices=("measured", "modelled"))
@@ -264,9 +266,10 @@ class RunOptions(EndpointOptions, DisaggOptions):
     def sim_config(self) -> SimConfig | None:
         if self.device != "sim":
             return None
-        return SimConfig(gpu=self.gpu, model_spec=self.model_spec, tp=self.tp, ep=self.ep, profile=self.profile,
-                         dtype=self.dtype, host_time=self.host_time, host_ms_per_iteration=self.host_ms_per_iteration,
-                         host_us_per_request=self.host_us_per_request, serving_path=self.serving_path)
+        return SimConfig(gpu=self.gpu, model_spec=self.model_spec, tp=self.tp, ep=self.ep, moe_skew=self.moe_skew,
+                         profile=self.profile, dtype=self.dtype, host_time=self.host_time,
+                         host_ms_per_iteration=self.host_ms_per_iteration, host_us_per_request=self.host_us_per_request,
+                         serving_path=self.serving_path)
 
     def executor_config(self, max_seq_len: int | None = None) -> ExecutorConfig:
         max_seq_len = max_seq_len or self.max_seq_len

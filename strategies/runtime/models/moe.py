@@ -2,10 +2,14 @@
 
 A router (one linear layer, hidden -> experts) scores every token; the softmax is taken in float32, the
 ``top_k`` best experts kept and their weights renormalised to sum to 1 (``MixtralTopKRouter``). Each
-expert is a SwiGLU MLP (w1 gate, w3 up, w2 down). The step's per-expert token lists — which rows of the
-batch each expert takes, and at which of their k places — are built from the routing, each expert runs
-its rows, scales them by their weights and adds them into the output in expert order, as HF's
-``MixtralExperts`` does, so float64 outputs agree bit for bit. Experts no token chose are not run.
+expert is a SwiGLU MLP (w1 gate, w3 up, w2 down). Each token's weight for every expert is scattered into a
+[T, E] table (0 where the token did not choose the expert), each expert runs over every row of the step, and its
+rows, scaled by their weights, are added into the output in expert order — the order HF's ``MixtralExperts``
+adds them in; an unchosen expert adds exact zeros. Nothing here reads a device value on the host: HF's (and this
+module's earlier) per-expert ``nonzero()`` made a step's shapes depend on the routing, a host sync per expert
+and layer on CUDA (256 a Mixtral forward) and no CUDA graph. The price is compute: every expert runs on every
+row, E/k times the routed work (vLLM's fused kernels run only the routed rows: the simulated device prices
+those, ``sim/published/fused_moe.py``); this engine is the reference the strategies share, not a fast MoE.
 """
 
 from __future__ import annotations
@@ -38,13 +42,11 @@ class SparseMoE(nn.Module):
         probs = torch.softmax(self.gate(x).float(), dim=-1)  # [T, E] float32, as HF routes
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)  # [T, k] each
         weights = weights / weights.sum(dim=-1, keepdim=True)  # [T, k] float32
+        table = torch.zeros_like(probs).scatter_(1, chosen, weights)  # [T, E] float32, 0 where not chosen
         out = torch.zeros_like(x)  # [T, hidden]
         e = 0
         for expert in self.experts:
-            rows = (chosen == e).nonzero()  # [N, 2]: (token, its place among the token's k) for expert e
+            y = expert(x) * table[:, e].unsqueeze(1)  # [T, hidden]: float32 weights promote, as HF's
+            out = out + y.to(out.dtype)
             e += 1  # noqa: SIM113 - TorchScript iterates a ModuleList without enumerate's index
-            if rows.size(0) > 0:  # (TorchScript unrolls this loop: no continue)
-                token, place = rows[:, 0], rows[:, 1]  # [N] each
-                y = expert(x[token]) * weights[token, place].unsqueeze(1)  # [N, hidden]: float32 weights promote
-                out.index_add_(0, token, y.to(out.dtype))
         return out

@@ -19,7 +19,7 @@ from strategies.runtime.spec.config import SpecConfig
 def cost_model(sim: SimConfig) -> CostModel:
     profile = DeviceProfile.load(sim.profile) if sim.profile else DeviceProfile.for_gpu(sim.gpu)
     spec = resolve_model_spec(sim.model_spec)
-    return CostModel(spec.with_dtype(sim.dtype) if sim.dtype else spec, profile, sim.tp, sim.ep)
+    return CostModel(spec.with_dtype(sim.dtype) if sim.dtype else spec, profile, sim.tp, sim.ep, sim.moe_skew)
 
 
 def virtual_clock(sim: SimConfig) -> VirtualClock:

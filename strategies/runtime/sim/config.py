@@ -56,6 +56,7 @@ class SimConfig:
     model_spec: str = "llama-3-8b"  # whose shapes the cost model uses (a spec preset or config.json dir)
     tp: int = 1  # tensor-parallel degree
     ep: int = 1  # expert-parallel degree (a mixture of experts): 1, or --tp (the experts split over those GPUs)
+    moe_skew: float = 0.0  # a mixture of experts' routing: expert e's share of tokens ∝ (e + 1) ** -moe_skew
     profile: str | None = None  # a calibrated device profile (JSON from `slotbench calibrate`)
     dtype: str | None = None  # weights' and KV's dtype; None: the spec's own (config.json's torch_dtype)
     host_time: str = "measured"  # measured: real host code on the clock; modelled: the costs below
@@ -68,6 +69,8 @@ class SimConfig:
             raise ValueError(f"--tp must be positive, got {self.tp}")
         if self.ep <= 0:
             raise ValueError(f"--ep must be positive, got {self.ep}")
+        if not self.moe_skew >= 0:
+            raise ValueError(f"--moe-skew must be >= 0, got {self.moe_skew}")
         if self.host_time not in HOST_TIME:
             raise ValueError(f"--host-time {self.host_time!r}: expected one of {', '.join(HOST_TIME)}")
         if self.serving_path not in SERVING_CHOICES:

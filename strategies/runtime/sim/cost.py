@@ -17,9 +17,10 @@ would let decode attention's memory traffic hide behind the GEMMs' FLOPs, which 
 - ``communication``: tensor parallelism's two all-reduces per layer, latency plus ring traffic.
 - ``overhead``: per step and per sampled row (launches, synchronisation; what a CPU's small GEMMs lose).
 
-A mixture of experts (a Mixtral-shaped spec): the MLP's GEMMs become the router's and each expert's, priced at
-the tokens routed to it (``kernels.expert_tokens``); ``--ep`` = ``--tp`` deals whole experts to the GPUs and
-turns the MLP's all-reduce into a dispatch and a combine all-to-all.
+A mixture of experts (a Mixtral-shaped spec): the MLP becomes the router's GEMM and vLLM's fused MoE op (one
+launch per projection for every expert, its gated activation inside: ``published/fused_moe.py``), over the tokens
+routed to each expert (``fused_moe.expert_tokens``, uniform or skewed: ``--moe-skew``); ``--ep`` = ``--tp`` deals
+whole experts to the GPUs, and with no data parallelism the ranks still combine with the layer's all-reduce.
 
 Encoder–decoder models (a BART-shaped spec): an ``encoder`` phase prices the encode piece (its layers'
 GEMMs, non-causal attention and element-wise kernels over the admitted requests' encoder tokens); the
@@ -41,6 +42,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from strategies.runtime.batch import BatchWork
 from strategies.runtime.models.config import DTYPE_BYTES, ModelConfig
 from strategies.runtime.sim.attention import decode_attention_s, equal_chunks, prefill_attention_s
@@ -49,14 +52,12 @@ from strategies.runtime.sim.kernels import (
     BART_ENCODER_GEMMS,
     ELEMENTWISE,
     GEMMS,
-    MOE_EXPERT_GEMMS,
-    all_to_all_bytes,
     elementwise_bytes,
-    expert_tokens,
     gemm_work,
     model_shapes,
 )
 from strategies.runtime.sim.profile import DeviceProfile
+from strategies.runtime.sim.published.fused_moe import expert_tokens, fused_moe_s
 
 PHASES = ("linear", "attention", "elementwise", "embedding", "lm_head", "communication", "overhead")
 SHAPE_CACHE_SIZE = 1 << 16  # distinct (tokens, samples, encoder tokens) kept; a 70B run at batch 256 sees ~4,000
@@ -81,7 +82,8 @@ class Term:
 
 
 class CostModel:
-    def __init__(self, spec: ModelConfig, profile: DeviceProfile, tp: int = 1, ep: int = 1) -> None:
+    def __init__(self, spec: ModelConfig, profile: DeviceProfile, tp: int = 1, ep: int = 1,
+                 moe_skew: float = 0.0) -> None:
         if tp <= 0:
             raise ValueError(f"--tp must be positive, got {tp}")
         if ep != 1 and not spec.is_moe:
@@ -89,7 +91,10 @@ class CostModel:
         if ep != 1 and (ep != tp or spec.num_local_experts % ep):
             raise ValueError(f"--ep {ep}: the experts are split over the engine's --tp GPUs ({tp}): --ep must equal "
                              f"--tp and divide the {spec.num_local_experts} experts")
+        if moe_skew < 0:
+            raise ValueError(f"--moe-skew must be >= 0, got {moe_skew}")
         self.spec, self.profile, self.tp, self.ep = spec, profile, tp, ep
+        self.moe_skew = moe_skew  # experts' popularity: expert e takes tokens in proportion to (e + 1) ** -skew
         self.dtype_bytes = DTYPE_BYTES[spec.dtype]
         self.shapes = model_shapes(spec)
         # each GEMM of a layer by name: (weight rows, weight columns) before sharding
@@ -114,9 +119,8 @@ class CostModel:
         element-wise kernels, the embedding gather and the LM head."""
         p, s, tp, b, layers = self.profile, self.spec, self.tp, self.dtype_bytes, self.spec.num_hidden_layers
         out = [self._gemm("linear", name, tokens, r, c, layers) for name, (r, c) in self.gemms.items()]
-        k = s.num_experts_per_tok if s.is_moe else 1  # the activation runs on each token's k expert rows
-        out += [self._elementwise("elementwise", op, tokens * (k if op == "mlp_act" else 1), n * layers)
-                for op, (_, _, n) in ELEMENTWISE.items()]
+        out += [self._elementwise("elementwise", op, tokens, n * layers) for op, (_, _, n) in ELEMENTWISE.items()
+                if not (s.is_moe and op == "mlp_act")]  # (a MoE's activation is inside its fused op)
         if s.is_moe:
             out += self._moe_terms(tokens)
         out.append(self._elementwise("embedding", "emb", tokens, 1))
@@ -129,18 +133,18 @@ class CostModel:
         return out
 
     def _moe_terms(self, tokens: int) -> list[Term]:
-        """A mixture-of-experts layer: the router (replicated on every rank) and each expert's GEMMs at the
-        tokens routed to it (``expert_tokens``). Tensor parallelism shards every expert; expert parallelism
-        (--ep = --tp) gives each rank E/ep whole experts, and the layer waits for the busiest rank."""
+        """A mixture-of-experts layer: the router's GEMM (replicated on every rank) and the fused MoE op over the
+        tokens routed to each expert. Tensor parallelism shards every expert's intermediate width; expert
+        parallelism (--ep = --tp) gives each rank E/ep whole experts, contiguous, and the layer waits for the
+        busiest rank."""
         p, s, b, layers = self.profile, self.spec, self.dtype_bytes, self.spec.num_hidden_layers
         h, i, e = s.hidden_size, s.intermediate_size, s.num_local_experts
         router = Term("linear", *gemm_work(tokens, h, e, 1, b), p.eff_flops, p.eff_bw, p.gemm_kernel_s, layers,
                       p.gemm_s("moe_router", tokens, h, e, 1, b))
-        shard = 1 if self.ep > 1 else self.tp  # an expert's GEMMs: whole under EP, sharded under TP
-        per_expert = [sum(p.gemm_s(name, int(n), *f(h, i), shard, b) for name, f in MOE_EXPERT_GEMMS.items())
-                      if n else 0.0 for n in expert_tokens(tokens, e, s.num_experts_per_tok)]  # [E] seconds
-        ranks = [sum(per_expert[r::self.ep]) for r in range(self.ep)]  # experts dealt to the ranks in turn
-        return [router, Term("linear", 0.0, 0.0, 1.0, 1.0, 0.0, layers, max(ranks))]
+        counts = expert_tokens(tokens, e, s.num_experts_per_tok, self.moe_skew)  # [E]
+        inter = i if self.ep > 1 else i / self.tp  # an expert's intermediate width on a rank
+        op = max(fused_moe_s(p, c, h, inter, b) for c in np.split(counts, self.ep))
+        return [router, Term("linear", 0.0, 0.0, 1.0, 1.0, 0.0, layers, op)]
 
     def _attention_terms(self, w: BatchWork) -> list[Term]:
         """Attention: its work depends on every row's context, so it is priced step by step."""
@@ -223,13 +227,11 @@ class CostModel:
         secs = dict.fromkeys(PHASES, 0.0)
         for t in self._shape_terms(tokens, samples, encoder_tokens):
             secs[t.phase] += t.seconds(p)
-        if tp > 1:  # two per layer (attention and MLP outputs); under EP the MLP's is a dispatch and a combine
+        if tp > 1:  # two per layer, attention's and the MLP's outputs (under EP with no data parallelism too: vLLM
+            # dispatches by all-to-all only across data-parallel ranks; here every rank holds every token)
             nbytes = tokens * s.hidden_size * self.dtype_bytes  # the layer's output activations
             allreduce = p.tp_allreduce_s(nbytes, tp, s.dtype == "bfloat16")
-            per_layer = (2 if self.ep == 1 else 1) * allreduce
-            if self.ep > 1:
-                per_layer += 2 * p.all_to_all_s(all_to_all_bytes(tokens, s.num_experts_per_tok, s.hidden_size,
-                                                                  self.dtype_bytes, self.ep), self.ep)
+            per_layer = 2 * allreduce
             # and once a forward: the vocabulary-parallel embedding's all-reduce, the sampled rows' logits gathered
             secs["communication"] = s.num_hidden_layers * per_layer + allreduce + (
                 p.allgather_s(samples * s.vocab_size * self.dtype_bytes, tp) if samples else 0.0)

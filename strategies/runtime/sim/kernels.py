@@ -2,14 +2,13 @@
 
 One decoder layer of a Llama-style model runs four GEMMs (``GEMMS``, each by the weight it multiplies),
 attention, and element-wise kernels (``ELEMENTWISE``: two RMSNorms, RoPE, the gated activation, two
-residual adds); a BART layer its own GEMMs; a mixture-of-experts layer a router and its experts' GEMMs.
+residual adds); a BART layer its own GEMMs; a mixture-of-experts layer's fused kernels are priced in
+``published/fused_moe.py``.
 The functions below count one kernel's FLOPs and bytes on one tensor-parallel rank; ``profile.py`` turns
 them into seconds on a GPU.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from strategies.runtime.models.config import ModelConfig
 
@@ -37,28 +36,6 @@ BART_DECODER_GEMMS = {"self_attn_qkv": lambda h, i: (h, 3 * h), "self_attn_out":
 BART_ENCODER_GEMMS = {"encoder_self_attn_qkv": lambda h, i: (h, 3 * h), "encoder_self_attn_out": lambda h, i: (h, h),
                       "encoder_fc1": lambda h, i: (h, i), "encoder_fc2": lambda h, i: (i, h)}
 EMBEDDING_ELEMENTS = 2  # per token and hidden unit: the row read, the activation written
-# A mixture-of-experts layer (Mixtral's): the router, then each expert's gate+up and down GEMMs over the
-# tokens routed to it; its gated activation runs on each token's k expert rows.
-MOE_EXPERT_GEMMS = {"moe_up_proj": lambda h, i: (h, 2 * i), "moe_down_proj": lambda h, i: (i, h)}
-ROUTING_SEED = 0x30E
-
-
-def expert_tokens(tokens: int, experts: int, k: int, seed: int = ROUTING_SEED) -> np.ndarray:
-    """[E] how many of a step's ``tokens`` each expert takes: each token picks ``k`` distinct experts uniformly
-    at random (seeded by the step's token count, so a step's price is a pure function of its shape)."""
-    if not tokens:
-        return np.zeros(experts, dtype=np.int64)
-    scores = np.random.default_rng([seed, tokens, experts, k]).random((tokens, experts))  # [T, E]
-    chosen = np.argpartition(scores, k - 1, axis=1)[:, :k]  # [T, k] each token's k experts
-    return np.bincount(chosen.ravel(), minlength=experts)
-
-
-def all_to_all_bytes(tokens: float, k: int, hidden: int, dtype_bytes: int, workers: int) -> float:
-    """What each of ``workers`` expert-parallel ranks sends in one all-to-all: its share of the tokens, each to
-    the ranks of its k experts, less the copies that stay on the rank."""
-    return tokens / workers * k * hidden * dtype_bytes * (workers - 1) / workers
-
-
 def model_shapes(spec: ModelConfig) -> tuple[int, int, int, int]:
     """(hidden, query width, KV width, intermediate): what the kernel tables above are functions of."""
     return (spec.hidden_size, spec.num_attention_heads * spec.head_dim, spec.num_key_value_heads * spec.head_dim,

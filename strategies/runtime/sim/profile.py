@@ -12,9 +12,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from strategies.runtime.sim.allreduce import vllm_allreduce_s
 from strategies.runtime.sim.gemm_table import GemmTable, gemm_key, measured_at, validate_table
 from strategies.runtime.sim.kernels import gemm_work, ring_allreduce_bytes
+from strategies.runtime.sim.published.allreduce import vllm_allreduce_s
 from strategies.runtime.sim.specs import GPUS, GpuSpec
 
 # Achieved / peak bandwidth of each element-wise kernel and of the embedding gather, and each one's latency
@@ -82,9 +82,10 @@ class DeviceProfile:
     # NCCL picks its algorithm by communicator size (H100 DGX: 18 us on 2 GPUs, 30 us on 8); other counts
     # use the two above
     allreduce_by_workers: dict[str, list[float]] | None = None
-    # Which all-reduce tensor parallelism runs: "vllm", vLLM's choice by message size (its custom kernels, symmetric
-    # memory, NCCL: sim/allreduce.py), priced from published measurements where there are some (Hopper); "nccl",
-    # NCCL's alone (the two fields above), as a run with vLLM's custom all-reduce disabled, or another engine
+    # Which all-reduce tensor parallelism runs: "vllm", vLLM's choice by message size (its custom kernels,
+    # symmetric memory, NCCL: sim/published/allreduce.py), priced from published measurements where there are some
+    # (Hopper); "nccl", NCCL's alone (the two fields above), as a run with vLLM's custom all-reduce disabled, or
+    # another engine
     allreduce: str = "vllm"
     launch_latency_s: float = 0.0  # from launch (or the previous step's end) to the device starting
     sync_latency_s: float = 0.0  # from the device finishing to a waiting host seeing it
@@ -157,7 +158,7 @@ class DeviceProfile:
 
     def tp_allreduce_s(self, nbytes: float, workers: int, bf16: bool) -> float:
         """One of tensor parallelism's all-reduces of ``nbytes`` over ``workers`` GPUs, by the implementation the
-        engine picks for its size (``allreduce``; sim/allreduce.py)."""
+        engine picks for its size (``allreduce``; sim/published/allreduce.py)."""
         nccl = self.allreduce_s(nbytes, workers)
         if self.allreduce == "nccl" or self.gpu.name not in HOPPER:
             return nccl
