@@ -73,7 +73,7 @@ class IterationScheduler:
         requests (admitted, and running ones preempted, through ``queues``)."""
         waiting, free_slots, preempt = queues.waiting, queues.free_slots, queues.preempt
         batch = ScheduledBatch(iteration)
-        kv, tpb = self.kv, self.kv.tokens_per_block
+        tpb = self.kv.tokens_per_block
         budget = self.config.max_num_tokens
         picked = self._decode_rows(batch, running, budget) if self.book is not None else None
         prefills, budget = picked if picked is not None else self._decode_loop(batch, running, budget, preempt)
@@ -83,9 +83,8 @@ class IterationScheduler:
             n = self._next_tokens(r, budget)
             if n == 0:
                 continue
-            if not self.guaranteed and not self._make_room(r, r.num_computed_tokens + n, running, batch, preempt):
+            if not self._allocate(r, r.num_computed_tokens + n, running, batch, preempt):
                 continue
-            kv.grow(r.slot, r.num_computed_tokens + n)
             budget -= self._add(batch, r, n)
         rows = len(batch.context) + len(batch.gen_requests)
         if self.config.max_beam_width > 1:  # a beam request decodes K rows: count every running request's
@@ -167,8 +166,8 @@ class IterationScheduler:
                 counters[slot, COMPUTED] = position + 1
                 counters[slot, SCHEDULED] = scheduled + 1
             slots, batch.gen_positions = [slot for slot, _ in picked], positions
-        for i in new_block:
-            kv.grow(int(slots[i]), batch.gen_positions[i] + 1)
+        for i in new_block:  # (enough blocks are free: checked above, or reserved at admission)
+            kv.allocate(int(slots[i]), batch.gen_positions[i] + 1)
         # (a slice copies the list in C; map over the rows next; a comprehension indexing the list subclass is
         # slowest: docs/host-path.md)
         batch.gen_requests = running[:] if rows is None else list(map(running.__getitem__, rows))
@@ -200,10 +199,8 @@ class IterationScheduler:
                     continue
                 if r.slot is None:  # preempted to make room for its own drafts
                     continue
-            if position >= held[slot] * tpb:  # the token starts a new block
-                if not self.guaranteed and not self._make_room(r, position + 1, running, batch, preempt):
-                    continue
-                kv.grow(slot, position + 1)
+            if position >= held[slot] * tpb and not self._allocate(r, position + 1, running, batch, preempt):
+                continue  # (the token starts a new block, and it was preempted for room)
             gen_requests.append(r)
             gen_positions.append(position)
             r.num_computed_tokens = position + 1
@@ -222,9 +219,8 @@ class IterationScheduler:
         if not len(drafts):
             return False
         end = position + 1 + len(drafts)
-        if not self.guaranteed and not self._make_room(r, end, running, batch, preempt):
+        if not self._allocate(r, end, running, batch, preempt):
             return False
-        self.kv.grow(r.slot, end)
         batch.add_verify(r, position, drafts)
         r.num_computed_tokens = end  # rewound to what the target accepted when the outputs come back
         r.pending_samples += 1
@@ -243,12 +239,17 @@ class IterationScheduler:
             return n
         return 1 if r.wants_more_samples and budget >= 1 else 0
 
-    def _make_room(self, r: Request, tokens: int, running: list[Request], batch: ScheduledBatch,
-                   preempt: Preempt) -> bool:
-        """Preempt the most recently admitted requests until ``r`` can hold ``tokens``; False if that
-        meant preempting ``r`` itself. ``running`` may be the caller's selection (the pipeline passes the
-        requests not in flight): a victim leaves it here, or the next round would pick it again."""
-        while not self.kv.can_grow(r.slot, tokens):
+    def _allocate(self, r: Request, tokens: int, running: list[Request], batch: ScheduledBatch,
+                  preempt: Preempt) -> bool:
+        """KV blocks for ``r`` to hold ``tokens`` (the KV manager's ``allocate``); while it has too few, the most
+        recently admitted request is preempted and it is asked again (vLLM's loop). False if that meant
+        preempting ``r`` itself. ``running`` may be the caller's selection (the pipeline passes the requests not
+        in flight): a victim leaves it here, or the next round would pick it again. Under guaranteed-no-evict
+        the blocks were taken at admission: nothing is ever preempted (a shortfall raises)."""
+        if self.guaranteed:
+            self.kv.grow(r.slot, tokens)
+            return True
+        while self.kv.allocate(r.slot, tokens) is None:
             victim = max(running, key=lambda x: x.admitted_seq)
             preempt(victim)
             if victim in running:

@@ -316,7 +316,7 @@ def test_overlap_counts_its_extra_row_after_a_stop_as_padding(name):
     assert padding == (stopped_early if name == "overlap" else 0)
 
 
-def test_make_room_preempts_each_victim_once_from_a_callers_selection():
+def test_allocate_preempts_each_victim_once_from_a_callers_selection():
     """The pipeline schedules only the requests not in flight and passes that selection as ``running``;
     a prefill chunk that needs more blocks than one victim frees makes the scheduler pick again. Each
     pick must be a new victim, newest first (it once picked the same one forever: a hang in CI)."""
@@ -324,8 +324,8 @@ def test_make_room_preempts_each_victim_once_from_a_callers_selection():
     class Pool:  # a KV pool where each preemption frees one block and the chunk needs three
         total_blocks, tokens_per_block, free = 16, 4, 0
 
-        def can_grow(self, slot: int, tokens: int) -> bool:
-            return self.free >= 3
+        def allocate(self, slot: int, tokens: int) -> list[int] | None:
+            return [0, 1, 2] if self.free >= 3 else None
 
     pool = Pool()
     cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, capacity_policy="max-utilization")
@@ -342,5 +342,5 @@ def test_make_room_preempts_each_victim_once_from_a_callers_selection():
 
     selection = list(reqs)
     batch = ScheduledBatch(0)
-    assert scheduler._make_room(reqs[0], 40, selection, batch, preempt)
+    assert scheduler._allocate(reqs[0], 40, selection, batch, preempt)
     assert [r.request_id for r in preempted] == ["r3", "r2", "r1"] == [r.request_id for r in batch.preempted]

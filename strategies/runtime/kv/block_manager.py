@@ -145,6 +145,18 @@ class BlockManager:
     def can_grow(self, slot: int, num_tokens: int) -> bool:
         return self.extra_blocks(slot, num_tokens) <= self.free_blocks
 
+    def allocate(self, slot: int, num_tokens: int) -> list[int] | None:
+        """vLLM's ``allocate_slots``: blocks so that ``slot`` holds ``num_tokens`` tokens — the ones it newly took
+        (none if it held them already) — or None, nothing taken, when the pool has too few (the scheduler then
+        preempts and asks again)."""
+        held = self.held_blocks.item(slot)
+        if -(-num_tokens // self.tokens_per_block) <= held:  # (the common decode step: nothing to take)
+            return []
+        if not self.can_grow(slot, num_tokens):
+            return None
+        self.grow(slot, num_tokens)
+        return self.table[slot, held:self.held_blocks.item(slot)].tolist()
+
     def grow(self, slot: int, num_tokens: int) -> None:
         n, need = self.held_blocks.item(slot), -(-num_tokens // self.tokens_per_block)
         if need <= n:  # every beam already holds the blocks (the common decode step)
