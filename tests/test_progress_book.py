@@ -98,7 +98,7 @@ def _one_book(s, requests: list[Request]) -> None:
     book = s.progress
     for r in requests:
         if r.slot is None:
-            assert r.book is None, r.request_id
+            assert not r.in_slot_book and r.book is r.own, r.request_id
         else:
             assert r.book is book and book.holder[r.slot] is r, r.request_id
     held = {r.slot for r in requests if r.slot is not None}
@@ -142,7 +142,7 @@ def test_a_request_takes_its_progress_with_it():
     r.num_output_tokens = 2
     r.pending_samples -= 1
     r.leave_slot()
-    assert r.book is None and book.holder[1] is None and book.key[1] == 2
+    assert not r.in_slot_book and book.holder[1] is None and book.key[1] == 2
     other = Request("b", np.arange(20, 30), 400)  # wider than the book's rows: they widen
     other.admit(1, 1, book=book)
     other.append_token(1, 1.0)

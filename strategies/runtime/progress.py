@@ -1,10 +1,11 @@
 """The book of running requests' progress: per-slot host arrays owned by the runtime.
 
-While a request holds a slot, its counters (tokens computed, prefill target, samples in flight, outputs
-received), its tokens (prompt and outputs) and its token times live here, in the slot's row, and nowhere
-else: ``Request`` reads and writes them through properties (a counter through ``Booked``), moves its values
-into the slot's row at admission and takes them back when it lets the slot go (``request.py``; this module
-knows no request, only an object with a ``book`` and a ``slot``).
+A request's progress — its counters (tokens computed, prefill target, samples in flight, outputs received), its
+tokens (prompt and outputs) and its token times — always lives in a book of this shape, in one row: the slot's
+row of the runtime's book while it holds a slot, the one row of a book of its own otherwise. ``Request`` reads
+and writes them there through properties (a counter through ``Booked``), with no branch on where they are; it
+moves the row into the slot's at admission and back when it lets the slot go (``request.py``; this module knows
+no request, only an object with a ``book`` and a ``row``).
 vLLM v1's ``InputBatch`` (``token_ids_cpu``, ``num_computed_tokens_cpu`` per request row) and TensorRT-LLM's
 decoder state keep request progress the same way, so that the host's per-step work — the scheduler's
 decode rows, the postprocess's token hand-out — is done over the book, as a few array operations over the
@@ -31,7 +32,7 @@ COMPUTED, TARGET, SCHEDULED, OUTPUTS, MAX_NEW, PROMPT = range(6)
 
 
 class SlotProgress:
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, columns: int = MIN_COLUMNS, time_columns: int = MIN_COLUMNS) -> None:
         self.num_slots = num_slots
         self.counters = np.zeros((num_slots, 6), dtype=np.int64)  # [S, 6] the columns above
         # [S] 2 x tenure (admissions into the slot so far) + 1 while its holder runs (static keeps finished
@@ -39,10 +40,10 @@ class SlotProgress:
         # prepared with — not after a finish, a preemption or a new tenant
         self.key = np.zeros(num_slots, dtype=np.int64)
         self.holder = np.full(num_slots, None, dtype=object)  # [S] the request holding the slot, None if free
-        self.tokens = np.zeros((num_slots, MIN_COLUMNS), dtype=np.int64)  # [S, C] prompt then outputs
-        self.times = np.zeros((num_slots, MIN_COLUMNS), dtype=np.float64)  # [S, C'] when each output was received
+        self.tokens = np.zeros((num_slots, columns), dtype=np.int64)  # [S, C] prompt then outputs
+        self.times = np.zeros((num_slots, time_columns), dtype=np.float64)  # [S, C'] when each output was received
 
-    def take(self, slot: int, holder: object, counters: tuple[int, ...], tokens: np.ndarray, times: list[float],
+    def take(self, slot: int, holder: object, counters: tuple[int, ...], tokens: np.ndarray, times: np.ndarray,
              running: bool) -> None:
         """``holder`` takes ``slot`` with its ``counters`` (the six columns), ``tokens`` (prompt and outputs)
         and output ``times``."""
@@ -51,18 +52,19 @@ class SlotProgress:
         self.fit(counters[PROMPT] + most, most)
         self.counters[slot] = counters
         self.tokens[slot, :len(tokens)] = tokens
-        if times:  # (a first admission has none; writing even an empty list costs: docs/host-path.md)
+        if len(times):  # (a first admission has none; writing even an empty one costs: docs/host-path.md)
             self.times[slot, :len(times)] = times
         self.key[slot] = (self.key[slot] | 1) + 1 + running  # the next tenure
         self.holder[slot] = holder
 
-    def give_back(self, slot: int) -> tuple[list[int], np.ndarray, list[float]]:
-        """The holder leaves ``slot``: its counters, output tokens (a view: copy before the slot is taken
-        again) and output times."""
-        c = self.counters[slot].tolist()
+    def give_back(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The holder leaves ``slot``: its counters, output tokens and output times (views: copy them before the
+        slot is taken again)."""
+        c = self.counters[slot]
         self.key[slot] &= ~1
         self.holder[slot] = None
-        return c, self.tokens[slot, c[PROMPT]:c[PROMPT] + c[OUTPUTS]], self.times[slot, :c[OUTPUTS]].tolist()
+        prompt, outputs = c.item(PROMPT), c.item(OUTPUTS)
+        return c, self.tokens[slot, prompt:prompt + outputs], self.times[slot, :outputs]
 
     def hand_out(self, slots: np.ndarray, keys: np.ndarray, out: np.ndarray, now: float) -> list[int]:
         """A step's outputs (``out [R, 2]`` token, finish code; the slot of each row and the key its holder had
@@ -107,21 +109,16 @@ class SlotProgress:
 
 
 class Booked:
-    """A progress counter of a request (``request.py``): in its column of this book while the request holds a
-    slot (its ``book`` and ``slot``), on the request's own field ``own`` otherwise — one place at a time."""
+    """A progress counter of a request (``request.py``): its column in the request's ``book`` at its ``row`` —
+    the slot's row of the runtime's book while it holds a slot, its own one-row book's otherwise."""
 
-    def __init__(self, column: int, own: str) -> None:
-        self.column, self.own = column, own
+    def __init__(self, column: int) -> None:
+        self.column = column
 
     def __get__(self, r: Any, owner: type | None = None) -> Any:
         if r is None:
             return self
-        book = r.book
-        return getattr(r, self.own) if book is None else book.counters.item(r.slot, self.column)
+        return r.book.counters.item(r.row, self.column)
 
     def __set__(self, r: Any, value: int) -> None:
-        book = r.book
-        if book is None:
-            setattr(r, self.own, value)
-        else:
-            book.counters[r.slot, self.column] = value
+        r.book.counters[r.row, self.column] = value

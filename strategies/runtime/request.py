@@ -1,19 +1,16 @@
-"""A request and its progress. One book holds its counters and tokens: the runtime's per-slot arrays while it
-holds a slot (``progress.py``), the request itself otherwise; strategies keep no parallel bookkeeping."""
+"""A request and its progress. One book holds its counters, tokens and token times, in one row: the runtime's
+per-slot arrays while it holds a slot (``progress.py``), a one-row book of its own otherwise — every read and
+write goes to ``book[row]``, whichever it is; strategies keep no parallel bookkeeping."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from strategies.runtime.progress import COMPUTED, OUTPUTS, SCHEDULED, TARGET, Booked
+from strategies.runtime.progress import COMPUTED, MAX_NEW, OUTPUTS, PROMPT, SCHEDULED, TARGET, Booked, SlotProgress
 from strategies.runtime.sampling_params import SamplingParams
-
-if TYPE_CHECKING:
-    from strategies.runtime.progress import SlotProgress
 
 
 class Status(enum.Enum):
@@ -71,47 +68,36 @@ class Request:
     # sequence; set when the request finishes. Until then a beam request's token buffer holds beam 0's
     # token of each step, which later steps may reorder away: only the counts mean anything.
     beams: list[tuple[list[int], float]] | None = None
-    # Progress, read and written through the properties below: while the request holds a slot it lives in
-    # the runtime's per-slot book (``book``, progress.py), otherwise in these fields.
-    _computed: int = field(default=0, init=False, repr=False)
-    _target: int = field(default=0, init=False, repr=False)
-    _pending: int = field(default=0, init=False, repr=False)
-    _outputs: int = field(default=0, init=False, repr=False)
-    _times: list[float] = field(default_factory=list, init=False, repr=False)
-    book: SlotProgress | None = field(default=None, init=False, repr=False)
+    # Progress, read and written through the properties below in ``book``'s row ``row``: the runtime's per-slot
+    # book and the slot's row while the request holds a slot (progress.py), its own one-row book (``own``) and
+    # row 0 otherwise.
+    book: SlotProgress = field(init=False, repr=False)
+    row: int = field(default=0, init=False, repr=False)
+    own: SlotProgress = field(init=False, repr=False)
 
-    num_computed_tokens = Booked(COMPUTED, "_computed")  # tokens whose KV is written or launched (slot's cache)
-    context_target = Booked(TARGET, "_target")  # tokens to prefill on this admission: prompt + outputs known then
+    num_computed_tokens = Booked(COMPUTED)  # tokens whose KV is written or launched (slot's cache)
+    context_target = Booked(TARGET)  # tokens to prefill on this admission: prompt + outputs known then
 
     @property
     def pending_samples(self) -> int:
         """Samples launched on the device whose token the host has not read yet."""
-        book = self.book
-        if book is None:
-            return self._pending
-        return book.counters.item(self.slot, SCHEDULED) - book.counters.item(self.slot, OUTPUTS)
+        c, row = self.book.counters, self.row
+        return c.item(row, SCHEDULED) - c.item(row, OUTPUTS)
 
     @pending_samples.setter
     def pending_samples(self, value: int) -> None:
-        book = self.book
-        if book is None:
-            self._pending = value
-        else:
-            book.counters[self.slot, SCHEDULED] = book.counters.item(self.slot, OUTPUTS) + value
+        c, row = self.book.counters, self.row
+        c[row, SCHEDULED] = c.item(row, OUTPUTS) + value
 
     @property
     def num_output_tokens(self) -> int:  # output tokens the host has received
-        book = self.book
-        return self._outputs if book is None else book.counters.item(self.slot, OUTPUTS)
+        return self.book.counters.item(self.row, OUTPUTS)
 
     @num_output_tokens.setter
     def num_output_tokens(self, value: int) -> None:
-        book = self.book
-        if book is None:
-            self._outputs = value
-        else:  # as many samples still in flight as before
-            book.counters[self.slot, SCHEDULED] += value - book.counters.item(self.slot, OUTPUTS)
-            book.counters[self.slot, OUTPUTS] = value
+        c, row = self.book.counters, self.row
+        c[row, SCHEDULED] += value - c.item(row, OUTPUTS)  # as many samples still in flight as before
+        c[row, OUTPUTS] = value
 
     # Plain attributes fixed at creation, because the scheduler reads them per request per step:
     width: int = field(init=False)  # decoder rows the request occupies: its beams (1 without beam search)
@@ -124,37 +110,36 @@ class Request:
         self.encoder_len = 0 if enc is None else len(enc)
         if self.prompt_token_ids is None:  # sized from the claim, allocated nothing: it is only rejected
             self.prompt_len = int(self.num_prompt_tokens or 0)
-            self._tokens = np.zeros(0, dtype=np.int64)
-            self.prompt_token_ids = self._tokens
+            self._own_book(np.zeros(0, dtype=np.int64), built=False)
             return
-        prompt = np.asarray(self.prompt_token_ids, dtype=np.int64)
-        # One buffer for prompt and outputs, so a resume after preemption prefills a plain slice.
-        self._tokens = np.zeros(len(prompt) + max(self.max_new_tokens, 0), dtype=np.int64)
-        self._tokens[: len(prompt)] = prompt
-        self.prompt_token_ids = self._tokens[: len(prompt)]
-        self.prompt_len = len(prompt)
+        self._own_book(np.asarray(self.prompt_token_ids, dtype=np.int64))
+
+    def _own_book(self, prompt: np.ndarray, built: bool = True) -> None:
+        """A book of its own for the progress while it holds no slot: one row for prompt and outputs, so a resume
+        after preemption prefills a plain slice. ``built``: the prompt is there (else only its length is)."""
+        new = max(self.max_new_tokens, 0)
+        self.own = SlotProgress(1, len(prompt) + new if built else 0, new if built else 0)
+        self.own.tokens[0, :len(prompt)] = prompt
+        self.prompt_token_ids = self.own.tokens[0, :len(prompt)]
+        if built:
+            self.prompt_len = len(prompt)
+        self.own.counters[0, MAX_NEW], self.own.counters[0, PROMPT] = new, self.prompt_len
+        self.book, self.row = self.own, 0
 
     def prepend_history(self, history: np.ndarray) -> None:
-        """Open the prompt with ``history`` (a session's earlier turns); only before it is sent (a new buffer)."""
+        """Open the prompt with ``history`` (a session's earlier turns); only before it is sent (a new book)."""
         assert self.status is Status.WAITING and self.admitted_seq < 0 and not self.block_hashes
-        if not len(self._tokens):  # never built (too long to serve): only the claimed length grows
+        if not self.own.tokens.shape[1]:  # never built (too long to serve): only the claimed length grows
             self.prompt_len += len(history)
-            self.num_prompt_tokens = self.prompt_len
+            self.num_prompt_tokens = self.own.counters[0, PROMPT] = self.prompt_len
             return
-        own = self.prompt_token_ids
-        self._tokens = np.zeros(len(history) + len(own) + max(self.max_new_tokens, 0), dtype=np.int64)
-        self._tokens[: len(history)] = history
-        self._tokens[len(history): len(history) + len(own)] = own
-        self.prompt_len = len(history) + len(own)
-        self.prompt_token_ids = self._tokens[: self.prompt_len]
+        self._own_book(np.concatenate([np.asarray(history, dtype=np.int64), self.prompt_token_ids]))
 
     @property
     def token_ids(self) -> np.ndarray:
         """Prompt followed by the outputs the host has received."""
-        book = self.book
-        if book is None:
-            return self._tokens[: self.prompt_len + self._outputs]
-        return book.tokens[self.slot, : self.prompt_len + book.counters.item(self.slot, OUTPUTS)]
+        book, row = self.book, self.row
+        return book.tokens[row, : self.prompt_len + book.counters.item(row, OUTPUTS)]
 
     @property
     def output_tokens(self) -> np.ndarray:
@@ -177,10 +162,8 @@ class Request:
     def token_times_since(self, start: int) -> list[float]:
         """``token_times_s[start:]``, reading none of the times before ``start``: a server's front end reads each
         step's new ones, and a read of all of them each step made a request's streaming quadratic in its length."""
-        book = self.book
-        if book is None:
-            return self._times[start:]
-        return book.times[self.slot, start: book.counters.item(self.slot, OUTPUTS)].tolist()
+        book, row = self.book, self.row
+        return book.times[row, start: book.counters.item(row, OUTPUTS)].tolist()
 
     @property
     def is_prefilling(self) -> bool:
@@ -188,8 +171,7 @@ class Request:
 
     @property
     def num_scheduled_samples(self) -> int:
-        book = self.book
-        return self._outputs + self._pending if book is None else book.counters.item(self.slot, SCHEDULED)
+        return self.book.counters.item(self.row, SCHEDULED)
 
     @property
     def wants_more_samples(self) -> bool:
@@ -208,22 +190,15 @@ class Request:
 
     def first_token_to_client(self, at_s: float) -> None:
         """Disagg: the first token reaches a client behind a proxy at ``at_s`` (the prefill's time is kept)."""
-        book = self.book
-        times = self._times if book is None else book.times[self.slot]
+        times = self.book.times[self.row]
         self.prefill_first_token_s, times[0] = float(times[0]), at_s
 
     def append_token(self, token: int, now_s: float) -> None:
-        book = self.book
-        if book is None:
-            self._tokens[self.prompt_len + self._outputs] = token
-            self._outputs += 1
-            self._times.append(now_s)
-            return
-        slot = self.slot
-        n = book.counters.item(slot, OUTPUTS)
-        book.tokens[slot, self.prompt_len + n] = token
-        book.times[slot, n] = now_s
-        book.counters[slot, SCHEDULED:OUTPUTS + 1] += 1  # received, and scheduled: as many still in flight
+        book, row = self.book, self.row
+        n = book.counters.item(row, OUTPUTS)
+        book.tokens[row, self.prompt_len + n] = token
+        book.times[row, n] = now_s
+        book.counters[row, SCHEDULED:OUTPUTS + 1] += 1  # received, and scheduled: as many still in flight
 
     def admit(self, slot: int, seq: int, cached_tokens: int = 0, now_s: float | None = None,
               book: SlotProgress | None = None) -> None:
@@ -234,44 +209,50 @@ class Request:
         self.status = Status.RUNNING
         self.slot = self.last_slot = slot
         self.admitted_seq = seq
-        self._computed = cached_tokens
-        self._target = self.prompt_len + self._outputs
+        self.num_computed_tokens = cached_tokens
+        self.context_target = self.prompt_len + self.num_output_tokens
         if book is not None:
             self._into(book, slot)
 
+    @property
+    def in_slot_book(self) -> bool:
+        """Its progress is in the runtime's per-slot book (it holds a slot there), not in its own."""
+        return self.book is not self.own
+
     def leave_slot(self) -> None:
-        """Let the slot go: the progress comes back from the slot's book onto the request."""
-        if self.book is not None:
+        """Let the slot go: the progress comes back from the slot's book into the request's own."""
+        if self.book is not self.own:
             self._out_of(self.book, self.slot)
         self.slot = None
 
     def _into(self, book: SlotProgress, slot: int) -> None:
         """Move the progress into ``slot``'s row of ``book``."""
-        n = self.prompt_len + self._outputs
-        book.take(slot, self, (self._computed, self._target, self._outputs + self._pending, self._outputs,
-                               self.max_new_tokens, self.prompt_len), self._tokens[:n], self._times,
+        own = self.own
+        c = own.counters[0]
+        outputs = c.item(OUTPUTS)
+        book.take(slot, self, tuple(c.tolist()), own.tokens[0, :self.prompt_len + outputs], own.times[0, :outputs],
                   self.status is Status.RUNNING)
-        self.book = book
+        self.book, self.row = book, slot
 
     def _out_of(self, book: SlotProgress, slot: int) -> None:
         """Take the progress back from ``slot``'s row of ``book``."""
         assert book.holder[slot] is self
-        c, outputs, self._times = book.give_back(slot)
-        self._tokens[self.prompt_len:self.prompt_len + len(outputs)] = outputs
-        self._computed, self._target = c[COMPUTED], c[TARGET]
-        self._pending, self._outputs = c[SCHEDULED] - c[OUTPUTS], c[OUTPUTS]
-        self.book = None
+        c, outputs, times = book.give_back(slot)
+        own, n = self.own, len(outputs)
+        own.counters[0] = c
+        own.tokens[0, self.prompt_len:self.prompt_len + n] = outputs
+        own.times[0, :n] = times
+        self.book, self.row = own, 0
 
     def preempt(self) -> None:
         """Drop the slot and the KV; the prompt and the outputs so far are recomputed on resume. A beam request
         starts over: its beams lived only in the decoder state it gave up (the search is deterministic)."""
         self.leave_slot()
         self.status = Status.WAITING
-        self._computed = self.draft_computed = 0
+        self.num_computed_tokens = self.draft_computed = 0
         self.preemptions += 1
         if self.width > 1:
-            self._outputs = 0
-            self._times.clear()
+            self.num_output_tokens = 0
 
     def end(self, status: Status, reason: str, at_s: float | None = None) -> None:
         """Terminal status; the strategy releases the slot (static keeps it until its batch ends). ``at_s``: when a
@@ -280,5 +261,5 @@ class Request:
         self.finish_reason = reason
         if status is Status.FAILED:
             self.failed_s = at_s
-        if self.book is not None:  # static keeps a finished request's slot: no longer running in it
+        if self.book is not self.own:  # static keeps a finished request's slot: no longer running in it
             self.book.key[self.slot] &= ~1
