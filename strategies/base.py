@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 
 class Strategy(Executor):
-    """A slotbench executor: the shared runtime, arranged by a loop of schedule → launch → postprocess."""
+    """A slotbench executor: the shared runtime, a scheduler that owns the requests, and the engine core's loop of
+    schedule → launch → wait → postprocess, ``depth`` steps in flight."""
 
     depth: ClassVar[int] = 1  # steps in flight (each in a buffer set of its own): the engine core's queue
     separate_processes: ClassVar[bool] = False  # the device is other processes (pipeline stages)
@@ -151,7 +152,6 @@ class Strategy(Executor):
 
     def max_tokens_per_step(self) -> int:
         return self.config.max_num_tokens
-
 
     def rejection(self, r: Request) -> str | None:
         reason = super().rejection(r)
