@@ -315,11 +315,11 @@ def test_a_streams_text_step_by_step_joins_to_the_whole_decode(kind):
         hf.train_from_iterator([text, "the quick brown fox jumps over the lazy dog", "héllo wörld 科学"] * 20, trainer)
 
         class Trained:  # the server's Tokenizer protocol over it
-            def encode(self, s: str) -> list[int]:
-                return hf.encode(s).ids
+            def encode(self, s: str, add_special_tokens: bool = True) -> list[int]:
+                return hf.encode(s, add_special_tokens=add_special_tokens).ids
 
-            def decode(self, ids: list[int]) -> str:
-                return hf.decode(ids, skip_special_tokens=False)
+            def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+                return hf.decode(ids, skip_special_tokens=skip_special_tokens)
 
         tok = Trained()
 

@@ -121,10 +121,10 @@ class EndpointClient(Executor):
             body["stop_token_ids"] = list(sp.stop_token_ids)
         if s.kind == "chat":
             assert s.tokenizer is not None
-            body["messages"] = [{"role": "user", "content": s.tokenizer.decode(ids)}]
+            body["messages"] = [{"role": "user", "content": s.tokenizer.decode(ids, skip_special_tokens=False)}]
             body["max_completion_tokens"] = r.max_new_tokens
         else:
-            body["prompt"] = s.tokenizer.decode(ids) if s.tokenizer is not None else ids
+            body["prompt"] = s.tokenizer.decode(ids, skip_special_tokens=False) if s.tokenizer is not None else ids
             body["max_tokens"] = r.max_new_tokens
         return body
 
@@ -158,7 +158,8 @@ class EndpointClient(Executor):
         room = r.max_new_tokens
         for when, text, ids in a.chunks:
             if ids is None:
-                ids = self.settings.tokenizer.encode(text) if self.settings.tokenizer is not None else [0]
+                tok = self.settings.tokenizer
+                ids = tok.encode(text, add_special_tokens=False) if tok is not None else [0]
                 ids = ids or [0]
             for tok in ids[:room - r.num_output_tokens]:
                 r.append_token(int(tok), when)

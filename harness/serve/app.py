@@ -50,11 +50,12 @@ class _Track:
 
 
 class FrontEnd:
-    def __init__(self, engine: ServedEngine, tokenizer: Tokenizer | None, model_name: str) -> None:
+    def __init__(self, engine: ServedEngine, tokenizer: Tokenizer | None, model_names: list[str]) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.model_name = model_name
-        self.metrics = ServerMetrics(model_name)
+        self.model_name = model_names[0]  # a response's ``model``; a request may name any of them (vLLM's)
+        self.model_names = list(dict.fromkeys(model_names))
+        self.metrics = ServerMetrics(self.model_name)
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closing = False
         self._lock = threading.Lock()
@@ -96,9 +97,9 @@ class FrontEnd:
 
     # --- handlers ---------------------------------------------------------------------------------
     async def models(self, _: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model_name, "object": "model",
-                                                              "owned_by": "slotbench", "created": 0,
-                                                              "max_model_len": self.engine.opts.max_seq_len}]})
+        return web.json_response({"object": "list", "data": [
+            {"id": name, "object": "model", "owned_by": "slotbench", "created": 0,
+             "max_model_len": self.engine.opts.max_seq_len} for name in self.model_names]})
 
     async def health(self, _: web.Request) -> web.Response:
         ok = self.engine.alive and not self.closing
@@ -145,19 +146,19 @@ class FrontEnd:
 
     def _request(self, body: dict, chat: bool) -> tuple[Request, dict]:
         model = body.get("model", self.model_name)
-        if model != self.model_name:
+        if model not in self.model_names:
             raise BadRequest(f"The model `{model}` does not exist.", 404, "NotFoundError")
         if chat:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise BadRequest("'messages' must be a non-empty list")
-            ids = self._encode(self._tokenizer().chat(messages))
+            ids = self._encode(self._tokenizer().chat(messages), add_special_tokens=False)  # (the template's own)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
                 prompt = prompt[0]  # a batch of one
             if isinstance(prompt, str):
-                ids = self._encode(prompt)
+                ids = self._encode(prompt, add_special_tokens=True)  # BOS as the tokenizer says, as vLLM's
             elif isinstance(prompt, list) and prompt and all(isinstance(x, int) and not isinstance(x, bool)
                                                              for x in prompt):
                 ids = prompt
@@ -189,6 +190,7 @@ class FrontEnd:
             raise BadRequest(reason)
         usage = bool((body.get("stream_options") or {}).get("include_usage", False))
         return r, {"stream": bool(body.get("stream", False)), "usage": usage,
+                   "skip_special_tokens": bool(body.get("skip_special_tokens", True)),
                    "token_ids": bool(body.get("return_token_ids", False)), "created": int(time.time())}
 
     def _tokenizer(self) -> Tokenizer:
@@ -196,14 +198,14 @@ class FrontEnd:
             raise BadRequest("this model has no tokenizer: send the prompt as token ids")
         return self.tokenizer
 
-    def _encode(self, text: str) -> list[int]:
-        ids = self._tokenizer().encode(text)
+    def _encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids = self._tokenizer().encode(text, add_special_tokens)
         if not ids:
             raise BadRequest("the prompt is empty")
         return ids
 
-    def _text(self, tokens: list[int]) -> str:
-        return self.tokenizer.decode(tokens) if self.tokenizer is not None else ""
+    def _text(self, tokens: list[int], skip_special_tokens: bool) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens) if self.tokenizer is not None else ""
 
     async def _events(self, tr: _Track):
         while True:
@@ -215,7 +217,7 @@ class FrontEnd:
     async def _stream(self, request: web.Request, r: Request, tr: _Track, chat: bool, opts: dict) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        text = IncrementalText(self.tokenizer) if self.tokenizer is not None else None
+        text = IncrementalText(self.tokenizer, opts["skip_special_tokens"]) if self.tokenizer is not None else None
         async for new in self._events(tr):
             delta = text.add(new) if text is not None else ""
             await resp.write(self._sse(self._chunk(r, chat, opts, delta, new, None)))
@@ -235,7 +237,7 @@ class FrontEnd:
         if r.status is Status.FAILED and not tokens:
             return error(f"the request failed: {r.finish_reason}", 503 if self.closing else 500,
                          "InternalServerError")
-        text = self._text(tokens)
+        text = self._text(tokens, opts["skip_special_tokens"])
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text, "logprobs": None})
         choice["finish_reason"] = self._finish(r)

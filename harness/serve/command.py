@@ -9,6 +9,7 @@ from pathlib import Path
 
 from harness.errors import UserError
 from harness.flags import add_run_arguments, options_from_args
+from harness.options import RunOptions
 
 
 def add_serve_parser(sub: argparse._SubParsersAction) -> None:
@@ -18,8 +19,9 @@ def add_serve_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--strategy", default="inflight", help="the strategy whose loop serves (--strategies is ignored)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--served-model-name", default=None, help="the model's name in the API (default: --model, or "
-                                                             "--model-spec on --device sim)")
+    p.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                   help="names the API answers to, the first in responses (as vLLM's); --model as given is always "
+                        "one of them (--model-spec on --device sim)")
     p.add_argument("--out", default=None, help="run directory written at shutdown (default: runs/serve-TIME)")
     p.add_argument("--force", action="store_true", help="overwrite an existing run directory")
 
@@ -37,5 +39,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise UserError(f"--port {args.port}: expected 1-65535")
     out = Path(args.out) if args.out else Path("runs") / time.strftime("serve-%Y%m%d-%H%M%S")
-    name = args.served_model_name or (opts.model_spec if opts.device == "sim" else Path(opts.model).name)
-    return serve(opts, out, args.host, args.port, force=args.force, model_name=name, tokenizer_dir=opts.tokenizer)
+    return serve(opts, out, args.host, args.port, force=args.force, model_names=served_names(opts, args),
+                 tokenizer_dir=opts.tokenizer)
+
+
+def served_names(opts: RunOptions, args: argparse.Namespace) -> list[str]:
+    """The names the API answers to: --served-model-name's, then --model as given (vLLM names the model by it, not
+    its base name: a client's ``-m DIR`` finds it); --model-spec on --device sim."""
+    given = opts.model_spec if opts.device == "sim" else opts.model
+    return list(dict.fromkeys([*(args.served_model_name or []), given]))

@@ -21,7 +21,7 @@ from harness.serve.engine import ServedEngine
 from harness.serve.tokenizer import CheckpointTokenizer, tokenizer_for
 
 
-def serve(opts: RunOptions, out: Path, host: str, port: int, *, force: bool, model_name: str,
+def serve(opts: RunOptions, out: Path, host: str, port: int, *, force: bool, model_names: list[str],
           tokenizer_dir: str | None) -> int:
     prepare_out(out, force)
     front: list[FrontEnd] = []  # the engine's thread reaches the front end through it, once both exist
@@ -30,7 +30,7 @@ def serve(opts: RunOptions, out: Path, host: str, port: int, *, force: bool, mod
         tokenizer = CheckpointTokenizer(tokenizer_dir)
     else:
         tokenizer = tokenizer_for(None if opts.device == "sim" else opts.model, engine.model_cfg.vocab_size)
-    front.append(FrontEnd(engine, tokenizer, model_name))
+    front.append(FrontEnd(engine, tokenizer, model_names))
     return asyncio.run(_serve(front[0], engine, host, port, out))
 
 

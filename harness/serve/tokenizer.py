@@ -1,10 +1,15 @@
 """Text ↔ token ids for the HTTP front end and client: a checkpoint's own ``tokenizer.json`` (Hugging Face's
 tokenizers library) with its chat template, or, for the presets, a byte tokenizer of the preset's vocabulary.
 
-A prompt given as token ids needs neither. The byte tokenizer maps byte b to id ``BYTE_OFFSET + b`` (ids below
-it are the specials: 0 pad, 1 bos, 2 eos, as the presets' configs say); an id outside the byte range decodes to
-``<id>``, so a random model's output stays readable and every id is accounted for. A chat without a template
-is the documented plain join ``role: content`` per line, then ``assistant:``.
+A prompt given as token ids needs neither. As vLLM does: a completion's prompt is encoded with the tokenizer's
+special tokens (BOS where its post-processor adds one), a chat's rendered template without (the template writes
+its own), and output text skips special tokens unless a request says ``skip_special_tokens: false``. A chat
+template renders as transformers' ``apply_chat_template`` renders it: a sandboxed, immutable Jinja environment
+with ``trim_blocks`` and ``lstrip_blocks``, ``raise_exception``, ``tojson`` and the tokenizer's ``bos_token`` and
+``eos_token`` (its config's strings). The byte tokenizer maps byte b to id ``BYTE_OFFSET + b`` (ids below it
+are the specials: 0 pad, 1 bos, 2 eos, as the presets' configs say; it adds none to a prompt); an id outside
+the byte range decodes to ``<id>``, so a random model's output stays readable and every id is accounted for. A
+chat without a template is the documented plain join ``role: content`` per line, then ``assistant:``.
 """
 
 from __future__ import annotations
@@ -17,9 +22,9 @@ BYTE_OFFSET = 3  # ids 0, 1, 2: pad, bos, eos
 
 
 class Tokenizer(Protocol):
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
     def chat(self, messages: list[dict]) -> str:
         """The prompt text of a chat request."""
@@ -38,14 +43,16 @@ class ByteTokenizer:
             raise ValueError(f"a byte tokenizer needs a vocabulary of {BYTE_OFFSET + 256} ids, not {vocab_size}")
         self.vocab_size = vocab_size
 
-    def encode(self, text: str) -> list[int]:
-        return [BYTE_OFFSET + b for b in text.encode()]
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [BYTE_OFFSET + b for b in text.encode()]  # (no post-processor: no special token added)
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         out, raw = [], bytearray()
         for i in ids:
             if BYTE_OFFSET <= i < BYTE_OFFSET + 256:
                 raw.append(i - BYTE_OFFSET)
+                continue
+            if skip_special_tokens and 0 <= i < BYTE_OFFSET:
                 continue
             out.append(raw.decode(errors="replace"))
             raw.clear()
@@ -65,21 +72,62 @@ class CheckpointTokenizer:
 
         d = Path(directory)
         self.tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
-        config = d / "tokenizer_config.json"
-        self.template = json.loads(config.read_text()).get("chat_template") if config.is_file() else None
+        path = d / "tokenizer_config.json"
+        config = json.loads(path.read_text()) if path.is_file() else {}
+        self.template = chat_template(d, config)
+        self.specials = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
+        self._compiled = None
 
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self.tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self.tok.decode(ids, skip_special_tokens=False)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.tok.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def chat(self, messages: list[dict]) -> str:
         if not self.template:
             return plain_chat(messages)
-        import jinja2
+        if self._compiled is None:
+            self._compiled = chat_environment().from_string(self.template)
+        return self._compiled.render(messages=messages, add_generation_prompt=True, **self.specials)
 
-        return jinja2.Environment().from_string(self.template).render(messages=messages, add_generation_prompt=True)
+
+def chat_template(d: Path, config: dict) -> str | None:
+    """A checkpoint's chat template: ``chat_template.jinja`` (where transformers 5 saves it), else
+    ``chat_template.json``'s, else ``tokenizer_config.json``'s; None without one."""
+    if (d / "chat_template.jinja").is_file():
+        return (d / "chat_template.jinja").read_text()
+    if (d / "chat_template.json").is_file():
+        return json.loads((d / "chat_template.json").read_text()).get("chat_template")
+    return config.get("chat_template")
+
+
+def _token_text(token: object) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string, or an AddedToken's dict (its ``content``)."""
+    return token.get("content") if isinstance(token, dict) else token  # type: ignore[return-value]
+
+
+def chat_environment():  # (jinja2 is imported here, on a chat's first render)
+    """transformers' chat-template environment (``_compile_jinja_template``): sandboxed and immutable (a template
+    from a checkpoint runs no arbitrary code), ``trim_blocks``/``lstrip_blocks``, loop controls, ``tojson`` as
+    transformers writes it, ``raise_exception`` and ``strftime_now``."""
+    from datetime import datetime
+
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x: object, ensure_ascii: bool = False, indent: int | None = None, separators: tuple | None = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env
 
 
 class IncrementalText:
@@ -90,8 +138,9 @@ class IncrementalText:
     whole output each step made a stream quadratic in its length: 58% of serve's event loop at 256 streams of
     1,024 tokens."""
 
-    def __init__(self, tokenizer: Tokenizer) -> None:
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
+        self.skip = skip_special_tokens
         self.ids: list[int] = []
         self.prefix = self.read = 0  # ids[prefix:read]: the context already sent; ids[read:]: not sent yet
 
@@ -104,8 +153,8 @@ class IncrementalText:
         return self._delta(final=True)
 
     def _delta(self, final: bool) -> str:
-        sent = self.tokenizer.decode(self.ids[self.prefix:self.read])
-        text = self.tokenizer.decode(self.ids[self.prefix:])
+        sent = self.tokenizer.decode(self.ids[self.prefix:self.read], self.skip)
+        text = self.tokenizer.decode(self.ids[self.prefix:], self.skip)
         if len(text) <= len(sent) or (text.endswith("\ufffd") and not final):
             return ""
         self.prefix, self.read = self.read, len(self.ids)
