@@ -146,26 +146,35 @@ class EndpointClient(Executor):
                         spent += time.perf_counter() - t
                     if not answer.done and answer.finish_reason is None and answer.error is None:
                         answer.error = "the stream ended before its end"  # (no [DONE], no finish reason)
-        except (TimeoutError, aiohttp.ClientError, ConnectionError) as exc:
+        except (TimeoutError, aiohttp.ClientError, ConnectionError, ValueError) as exc:  # (a line over the limit)
             answer.error = f"{type(exc).__name__}: {exc}"
+        except asyncio.CancelledError:  # the run ends under it (Ctrl-C, a fault): what came is recorded first
+            answer.error = answer.error or "the client's run ended before the answer did"
+            self._record(r, answer)
+            raise
         t = time.perf_counter()
         self._record(r, answer)
         self.client_s.append(spent + time.perf_counter() - t)
         self.source.on_finished(r)
 
     def _record(self, r: Request, a: Answer) -> None:
-        """The answer into ``r``: each chunk's tokens at its time (ids as sent, else counted), then its end."""
-        room = r.max_new_tokens
+        """The answer into ``r``: each chunk's tokens at its time (ids as sent, else the text counted by the
+        tokenizer), then its end. Where the server gives its usage, the output is its ``completion_tokens``:
+        tokens the events did not show are added at the last one, counted ones past it dropped (a re-tokenised
+        text can come out longer than what the server generated)."""
+        if r.status.terminal:  # (recorded already: cancelled after it ended)
+            return
+        count = (a.usage or {}).get("completion_tokens")
+        cap = r.max_new_tokens if not isinstance(count, int) else min(count, r.max_new_tokens)
         for when, text, ids in a.chunks:
             if ids is None:
                 tok = self.settings.tokenizer
                 ids = tok.encode(text, add_special_tokens=False) if tok is not None else [0]
                 ids = ids or [0]
-            for tok in ids[:room - r.num_output_tokens]:
+            for tok in ids[:cap - r.num_output_tokens]:
                 r.append_token(int(tok), when)
-        count = (a.usage or {}).get("completion_tokens")
-        if count is not None and a.chunks:
-            while r.num_output_tokens < min(int(count), room):  # tokens the events did not show: at the last one
+        if isinstance(count, int) and a.chunks:
+            while r.num_output_tokens < cap:  # tokens the events did not show: at the last one
                 r.append_token(0, a.chunks[-1][0])
         if a.error is not None:
             r.end(Status.FAILED, a.error, self.clock.now())

@@ -1,6 +1,9 @@
 """What one streamed answer of an OpenAI-compatible server holds, read event by event: its text and token ids
 (where the server sends them: vLLM's and slotbench's ``return_token_ids``), its usage, its finish reason, or an
-error. One server-sent event is one chunk: the tokens in it arrived together."""
+error. One server-sent event is one chunk: the tokens in it arrived together. An event that is not an object of
+the protocol's shape (``data: 7``, ``data: [1]``, a choice that is not an object, ids that are not integers) is
+this answer's error — its request fails with the reason, what came before it stays — never an exception that
+would end the client's other requests."""
 
 from __future__ import annotations
 
@@ -26,25 +29,36 @@ class Answer:
             self.done = True
             return
         try:
-            obj = json.loads(data)
-        except json.JSONDecodeError:
-            self.error = f"a malformed event: {data[:200]!r}"
-            return
+            self._read(json.loads(data), now)
+        except (ValueError, TypeError, AttributeError) as exc:  # (JSONDecodeError is a ValueError)
+            self.error = self.error or f"a malformed event ({exc}): {data[:200]!r}"
+
+    def _read(self, obj: object, now: float) -> None:
+        if not isinstance(obj, dict):
+            raise TypeError(f"not an object: {type(obj).__name__}")
         if "error" in obj:
             err = obj["error"]
             self.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)
             return
         if obj.get("usage"):
+            if not isinstance(obj["usage"], dict):
+                raise TypeError("usage is not an object")
             self.usage = obj["usage"]
-        for c in obj.get("choices") or ():
+        choices = obj.get("choices") or []
+        if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+            raise TypeError("choices is not a list of objects")
+        for c in choices:
             text = c.get("text")
             if text is None:
                 text = (c.get("delta") or {}).get("content") or ""
             ids = c.get("token_ids")
+            if not isinstance(text, str) or (ids is not None and not (
+                    isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids))):
+                raise TypeError("a choice's text is not a string or its token_ids not integers")
             if text or ids:
                 self.chunks.append((now, text, list(ids) if ids is not None else None))
             if c.get("finish_reason"):
-                self.finish_reason = c["finish_reason"]
+                self.finish_reason = str(c["finish_reason"])
 
     @property
     def text(self) -> str:
