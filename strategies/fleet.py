@@ -112,6 +112,8 @@ class Fleet(Executor):
                         continue
                 if w.core.queue:
                     due[w] = w.core.queue[0]
+            if launched and not due:  # a step of depth > 1 went in: schedule the next before waiting on anything
+                continue
             if due or self._events_pending():
                 w = self._next_done(due)
                 if w is not None:

@@ -167,7 +167,8 @@ class IterationScheduler:
                 counters[slot, SCHEDULED] = scheduled + 1
             slots, batch.gen_positions = [slot for slot, _ in picked], positions
         for i in new_block:  # (enough blocks are free: checked above, or reserved at admission)
-            kv.allocate(int(slots[i]), batch.gen_positions[i] + 1)
+            taken = kv.allocate(int(slots[i]), batch.gen_positions[i] + 1)
+            assert taken is not None, "KV cache: a decode's block was counted free and is not"
         # (a slice copies the list in C; map over the rows next; a comprehension indexing the list subclass is
         # slowest: docs/host-path.md)
         batch.gen_requests = running[:] if rows is None else list(map(running.__getitem__, rows))

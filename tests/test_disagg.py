@@ -569,3 +569,68 @@ def test_a_decode_worker_killed_while_idle_leaves_the_others_serving():
     assert killed[0] <= fault["time_s"] <= min(r.admitted_s for r in second)  # seen before the next routing
     assert s.extras() == {"faults": [fault]}
     assert not [rec for rec in s.records if rec.worker == "decode1" and rec.schedule_start_s > killed[0]]
+
+
+def test_the_fleets_clock_never_passes_a_step_in_flight():
+    """The fleet's loop on the simulated device with overlap workers and transfers pending (a 1 GB/s link, 2,000-token
+    prompts, two decode workers): every time the virtual clock is moved on, it stops at or before the end of every
+    step still in flight — a worker that launched a step and may launch the next schedules it first (it once slept
+    to the next transfer's end past such a step, up to 440 ms late)."""
+    from harness.runner import build_requests
+    from harness.traces.trace import TraceRequest
+    from strategies.config import SimConfig
+    from strategies.runtime.sim.engine import proxy_config
+    from strategies.runtime.sim.specs import MODEL_SPECS
+
+    cfg = ExecutorConfig(device="sim", sim=SimConfig(gpu="h100", model_spec="llama-3-8b", host_time="modelled",
+                                                     host_ms_per_iteration=1.0),
+                         max_batch_size=16, max_seq_len=4096, max_num_tokens=2048,
+                         disagg=DisaggConfig(1, 2, kv_link_gbps=1.0, worker_strategy="overlap"))
+    mcfg = proxy_config(MODEL_SPECS["llama-3-8b"])
+    reqs = build_requests([TraceRequest(i * 0.05, 2000, 32) for i in range(24)], SamplingParams(ignore_eos=True),
+                          mcfg.vocab_size, 0)
+    s = get_strategy("disagg")(mcfg, None, cfg)
+    real, late = s.clock.sleep_until, []
+
+    def checked(t: float) -> None:
+        ends = [max(e for _, e in step.work.times.values()) for w in s.alive for step in w.core.queue]
+        if ends and t > min(ends) + 1e-9:
+            late.append(t - min(ends))
+        real(t)
+
+    s.clock.sleep_until = checked
+    try:
+        s.run(ListSource(reqs))
+    finally:
+        s.close()
+    assert all(r.status is Status.FINISHED for r in reqs)
+    assert not late, f"{len(late)} moves past a step in flight, up to {max(late) * 1e3:.1f} ms"
+
+
+@pytest.mark.parametrize("fault_at", [3, 6, 9])
+def test_an_overlap_worker_that_dies_fails_the_requests_it_released_early(fault_at):
+    """An overlap decode worker gives a request's slot back once its last token is launched, before that token is
+    read: when the worker dies then, the request is still its own (in its step in flight) and fails with it,
+    told to the source once — not left running with nobody to end it."""
+    from harness.runner import build_requests
+    from harness.traces.trace import TraceRequest
+    from strategies.config import SimConfig
+    from strategies.runtime.sim.engine import proxy_config
+    from strategies.runtime.sim.specs import MODEL_SPECS
+
+    cfg = ExecutorConfig(device="sim", sim=SimConfig(gpu="h100", model_spec="llama-3-8b"), max_batch_size=16,
+                         max_seq_len=512, max_num_tokens=2048, disagg=DisaggConfig(1, 2, worker_strategy="overlap"))
+    mcfg = proxy_config(MODEL_SPECS["llama-3-8b"])
+    reqs = build_requests([TraceRequest(i * 0.002, 64, 3) for i in range(24)], SamplingParams(ignore_eos=True),
+                          mcfg.vocab_size, 0)
+    s = get_strategy("disagg")(mcfg, None, cfg)
+    s.inject_fault(fault_at)
+    source = ListSource(reqs)
+    try:
+        with pytest.raises(RuntimeError, match="decode0 failed"):
+            s.run(source)
+    finally:
+        s.close()
+    assert all(r.status.terminal for r in reqs), [r.request_id for r in reqs if not r.status.terminal]
+    assert sorted(r.request_id for r in source.ended) == sorted(r.request_id for r in reqs)  # each told once
+    assert any(r.status is Status.FAILED for r in reqs)

@@ -113,3 +113,16 @@ def test_the_server_answers_to_the_model_as_given_and_to_each_served_name():
     assert served_names(opts, args) == ["llama", "l2", "/data/models/Llama-2-7b-hf"]
     opts.device = "sim"
     assert served_names(opts, argparse.Namespace(served_model_name=None)) == ["tiny"]
+
+
+def test_a_chat_template_renders_without_transformers_loaded(checkpoint):
+    """The server never imports transformers: the environment must load what it uses itself (jinja2's loop
+    controls live in ``jinja2.ext``, which ``import jinja2`` does not load)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from harness.serve.tokenizer import CheckpointTokenizer; "
+            f"t = CheckpointTokenizer({str(checkpoint)!r}); print(t.chat([{{'role': 'user', 'content': 'hi'}}])); "
+            "assert 'transformers' not in sys.modules")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "[INST] hi [/INST]" in p.stdout, p.stderr

@@ -28,6 +28,8 @@ class Answer:
         if data == b"[DONE]":
             self.done = True
             return
+        if self.error is not None:  # the answer failed: what came after is not recorded
+            return
         try:
             self._read(json.loads(data), now)
         except (ValueError, TypeError, AttributeError) as exc:  # (JSONDecodeError is a ValueError)

@@ -152,7 +152,11 @@ class FrontEnd:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise BadRequest("'messages' must be a non-empty list")
-            ids = self._encode(self._tokenizer().chat(messages), add_special_tokens=False)  # (the template's own)
+            try:
+                text = self._tokenizer().chat(messages)
+            except Exception as exc:  # (jinja2's TemplateError, SecurityError: the template refused these messages)
+                raise BadRequest(f"the chat template: {type(exc).__name__}: {exc}") from None
+            ids = self._encode(text, add_special_tokens=False)  # (the template writes its own specials)
         else:
             prompt = body.get("prompt")
             if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):

@@ -75,7 +75,8 @@ class CheckpointTokenizer:
         path = d / "tokenizer_config.json"
         config = json.loads(path.read_text()) if path.is_file() else {}
         self.template = chat_template(d, config)
-        self.specials = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
+        specials = {name: _token_text(config.get(name)) for name in ("bos_token", "eos_token")}
+        self.specials = {k: v for k, v in specials.items() if v is not None}  # (unset: undefined, as transformers)
         self._compiled = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
@@ -114,6 +115,7 @@ def chat_environment():  # (jinja2 is imported here, on a chat's first render)
     from datetime import datetime
 
     import jinja2
+    import jinja2.ext  # (loopcontrols: not loaded by ``import jinja2``)
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:

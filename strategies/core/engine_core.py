@@ -98,10 +98,12 @@ class EngineCore:
         return bool(self.queue) and (len(self.queue) >= self.depth or launched is None)
 
     def finish_oldest(self) -> Step:
-        """Wait for the oldest step and postprocess it."""
-        step = self.queue.popleft()
+        """Wait for the oldest step and postprocess it. It leaves the queue only then: if its device failed, its
+        rows are still there for whoever fails this engine's requests (a fleet's role)."""
+        step = self.queue[0]
         self.parts.wait(step.record, step.work)
         self.parts.postprocess(step.record, step.bufs)
+        self.queue.popleft()
         self.parts.retired(step)
         return step
 

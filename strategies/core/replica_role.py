@@ -37,8 +37,13 @@ class ReplicaRole:
         """Called as each of the worker's schedules returns ``batch``."""
 
     def requests(self) -> list[Request]:
-        """Every request this worker holds or queues, whatever its state."""
-        return [*self.worker.waiting, *self.worker.running]
+        """Every request this worker holds or queues, whatever its state: its queue, its running list, and the
+        rows of its steps in flight (an overlap worker releases a request early, its last token still there)."""
+        w = self.worker
+        held = {id(r): r for r in (*w.waiting, *w.running)}
+        for step in w.core.queue:
+            held.update((id(r), r) for r in step.bufs.step.rows if not r.status.terminal)
+        return list(held.values())
 
     def load(self) -> int:
         """Tokens still to compute for what it holds and queues: the router's measure."""
@@ -52,6 +57,5 @@ class ReplicaRole:
         now = w.clock.now()
         for r in failed:
             r.end(Status.FAILED, reason, now)
-        w.waiting.clear()
-        w.running.clear()
+        w.scheduler.drop_all()
         return failed

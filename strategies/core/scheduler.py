@@ -93,6 +93,16 @@ class Scheduler:
             r.leave_slot()
         self.running.discard(r)  # (static keeps finished requests' slots; a preempted one is not running)
 
+    def hand_off(self, r: Request) -> None:
+        """``r`` leaves the running list, never scheduled here again, its slot and blocks still held (a prefill
+        worker's request, its KV on its way to a decode worker: ``release`` when it has left)."""
+        self.running.remove(r)
+
+    def drop_all(self) -> None:
+        """The engine died: nothing is queued or running any more (the requests were failed by the caller)."""
+        self.waiting.clear()
+        self.running.clear()
+
     def preempt(self, r: Request) -> None:
         """Free ``r``'s slot and blocks, requeued at the front: it recomputes what it had (max-utilization)."""
         self.release(r, "preempted")

@@ -98,7 +98,7 @@ class DisaggStrategy(Fleet):
         try:
             self.transceiver.poll()
         except WorkerDied as died:
-            self._died(died.worker, died.cause)
+            self._died(died.worker, died.cause, "transfer")
         self.transceiver.start([w for w in self.decode if w in self.alive])
 
     def _after_step(self, w: Worker) -> None:

@@ -43,10 +43,10 @@ class PrefillRole(ReplicaRole):
     def hand_off(self) -> list[Request]:
         """After a step: the requests whose first token was read leave the running list (never scheduled here
         again) for the transceiver, their KV still held here."""
-        running = self.worker.running
-        out = [r for r in running if r.num_output_tokens and not r.pending_samples]
+        scheduler = self.worker.scheduler
+        out = [r for r in scheduler.running if r.num_output_tokens and not r.pending_samples]
         for r in out:
-            running.remove(r)
+            scheduler.hand_off(r)
         self.sending.extend(out)
         return out
 

@@ -5,7 +5,9 @@ A router (one linear layer, hidden -> experts) scores every token; the softmax i
 expert is a SwiGLU MLP (w1 gate, w3 up, w2 down). Each token's weight for every expert is scattered into a
 [T, E] table (0 where the token did not choose the expert), each expert runs over every row of the step, and its
 rows, scaled by their weights, are added into the output in expert order — the order HF's ``MixtralExperts``
-adds them in; an unchosen expert adds exact zeros. Nothing here reads a device value on the host: HF's (and this
+adds them in; an unchosen expert adds exact zeros (selected, not multiplied: an overflow there stays out). In
+float64 the tokens equal HF's (tests/test_moe.py); in half precision a GEMM's rows may round differently at
+another row count, as between any two batch sizes. Nothing here reads a device value on the host: HF's (and this
 module's earlier) per-expert ``nonzero()`` made a step's shapes depend on the routing, a host sync per expert
 and layer on CUDA (256 a Mixtral forward) and no CUDA graph. The price is compute: every expert runs on every
 row, E/k times the routed work (vLLM's fused kernels run only the routed rows: the simulated device prices
@@ -46,7 +48,9 @@ class SparseMoE(nn.Module):
         out = torch.zeros_like(x)  # [T, hidden]
         e = 0
         for expert in self.experts:
-            y = expert(x) * table[:, e].unsqueeze(1)  # [T, hidden]: float32 weights promote, as HF's
+            w = table[:, e].unsqueeze(1)  # [T, 1]
+            # a row not routed here adds exact zeros, even where this expert's output overflowed (inf x 0 = NaN)
+            y = torch.where(w > 0, expert(x) * w, torch.zeros((), dtype=w.dtype))  # [T, hidden]: float32 promotes
             out = out + y.to(out.dtype)
             e += 1  # noqa: SIM113 - TorchScript iterates a ModuleList without enumerate's index
         return out

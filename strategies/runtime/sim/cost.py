@@ -143,7 +143,7 @@ class CostModel:
                       p.gemm_s("moe_router", tokens, h, e, 1, b))
         counts = expert_tokens(tokens, e, s.num_experts_per_tok, self.moe_skew)  # [E]
         inter = i if self.ep > 1 else i / self.tp  # an expert's intermediate width on a rank
-        op = max(fused_moe_s(p, c, h, inter, b) for c in np.split(counts, self.ep))
+        op = max(fused_moe_s(p, c, tokens, h, inter, b) for c in np.split(counts, self.ep))
         return [router, Term("linear", 0.0, 0.0, 1.0, 1.0, 0.0, layers, op)]
 
     def _attention_terms(self, w: BatchWork) -> list[Term]:

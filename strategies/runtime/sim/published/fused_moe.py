@@ -62,26 +62,30 @@ def expert_tokens(tokens: int, experts: int, k: int, skew: float = 0.0, seed: in
     return np.bincount(chosen.ravel(), minlength=experts)
 
 
-def fused_gemm_work(counts: np.ndarray, rows: int, cols: int, dtype_bytes: int) -> tuple[float, float]:
+def fused_gemm_work(counts: np.ndarray, tokens: int, rows: int, cols: int, dtype_bytes: int) -> tuple[float, float]:
     """FLOPs and bytes of one ``fused_moe_kernel`` on a rank: its experts' token counts ``counts`` [E_rank], each
-    expert's weight (rows x cols, this rank's shard), the rows padded to the step's BLOCK_SIZE_M."""
-    bm = moe_block_m(int(counts.sum()))  # (the config is looked up by tokens x k / k: the step's token count)
+    expert's weight (rows x cols, this rank's shard), the rows padded to the BLOCK_SIZE_M of the step's ``tokens``
+    (vLLM looks its config up by the step's token count, not by the rows routed)."""
+    bm = moe_block_m(tokens)
     padded = int((-(-counts // bm) * bm).sum())
     hit = int((counts > 0).sum())
     return 2.0 * padded * rows * cols, (hit * rows * cols + int(counts.sum()) * (rows + cols)) * dtype_bytes
 
 
-def layer_work(counts: np.ndarray, hidden: int, inter: int, dtype_bytes: int) -> tuple[float, float]:
-    """FLOPs and bytes of the layer's two fused GEMMs (w13: H → 2 I, w2: I → H) on a rank."""
-    f1, b1 = fused_gemm_work(counts, hidden, 2 * inter, dtype_bytes)
-    f2, b2 = fused_gemm_work(counts, inter, hidden, dtype_bytes)
+def layer_work(counts: np.ndarray, tokens: int, hidden: int, inter: int, dtype_bytes: int) -> tuple[float, float]:
+    """FLOPs and bytes of the layer's two fused GEMMs (w13: H → 2 I, w2: I → H) on a rank, in a step of
+    ``tokens``."""
+    f1, b1 = fused_gemm_work(counts, tokens, hidden, 2 * inter, dtype_bytes)
+    f2, b2 = fused_gemm_work(counts, tokens, inter, hidden, dtype_bytes)
     return f1 + f2, b1 + b2
 
 
-def fused_moe_s(p: DeviceProfile, counts: np.ndarray, hidden: int, inter: int, dtype_bytes: int) -> float:
-    """Seconds of one MoE layer's fused op (all but the router's GEMM and the all-reduce) on a rank."""
+def fused_moe_s(p: DeviceProfile, counts: np.ndarray, tokens: int, hidden: int, inter: int,
+                dtype_bytes: int) -> float:
+    """Seconds of one MoE layer's fused op (all but the router's GEMM and the all-reduce) on a rank: its experts'
+    token counts ``counts`` in a step of ``tokens``."""
     floor, eff_flops, eff_bw = fitted(p.combine, p.ridge_k)
-    flops, nbytes = layer_work(counts, hidden, inter, dtype_bytes)
+    flops, nbytes = layer_work(counts, tokens, hidden, inter, dtype_bytes)
     return floor + _roofline(flops / p.gpu.peak_flops / eff_flops, nbytes / p.gpu.mem_bw / eff_bw, p.combine,
                              p.ridge_k)
 
@@ -99,7 +103,7 @@ def fitted(combine: str, ridge_k: float) -> tuple[float, float, float]:
     """(floor s, FLOP efficiency, bandwidth efficiency) that best price PR 24700's points with this way of
     combining compute and memory time, on the H100 the points were measured on (another GPU reuses them)."""
     e, k, h, i = PR24700_SHAPE
-    work = np.array([layer_work(expert_tokens(t, e, k), h, i, 2) for t in PR24700_US])  # [P, 2]
+    work = np.array([layer_work(expert_tokens(t, e, k), t, h, i, 2) for t in PR24700_US])  # [P, 2]
     measured = np.array(list(PR24700_US.values())) * 1e-6  # [P]
     h100_flops, h100_bw = 989e12, 3.35e12  # the published points' card (H100 SXM)
     floors = np.linspace(0.0, 60e-6, 61)[:, None, None, None]  # [F, 1, 1, 1]
