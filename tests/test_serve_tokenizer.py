@@ -126,3 +126,25 @@ def test_a_chat_template_renders_without_transformers_loaded(checkpoint):
             "assert 'transformers' not in sys.modules")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and "[INST] hi [/INST]" in p.stdout, p.stderr
+
+
+def test_a_template_that_refuses_the_messages_is_a_400_and_a_model_is_found_by_any_name(checkpoint):
+    """The front end's request parsing: a chat whose template raises is the client's error (400, vLLM's shape),
+    not a server fault; a request may name the model by any served name; another name is vLLM's 404."""
+    from types import SimpleNamespace
+
+    from harness.serve.app import BadRequest, FrontEnd
+    from harness.serve.tokenizer import CheckpointTokenizer
+
+    engine = SimpleNamespace(name="inflight", opts=SimpleNamespace(max_seq_len=256),
+                             strategy=SimpleNamespace(rejection=lambda r: None))
+    fe = FrontEnd(engine, CheckpointTokenizer(checkpoint), ["llama", str(checkpoint)])
+    with pytest.raises(BadRequest, match="the chat template: TemplateError: roles are user and assistant") as e:
+        fe._request({"messages": [{"role": "tool", "content": "x"}]}, chat=True)
+    assert e.value.status == 400
+    for name in ("llama", str(checkpoint)):
+        r, _ = fe._request({"model": name, "messages": [{"role": "user", "content": "hi"}]}, chat=True)
+        assert r.prompt_token_ids[0] == 1 and r.prompt_token_ids[1] != 1  # the template's bos_token, once
+    with pytest.raises(BadRequest) as e:
+        fe._request({"model": "other", "prompt": "hi"}, chat=False)
+    assert e.value.status == 404
