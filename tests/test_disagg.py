@@ -187,7 +187,8 @@ def test_a_dead_decode_worker_fails_its_requests_and_the_others_finish():
     assert all(r.output_token_ids == reference_decode(model, TINY64, r) for r in done)
     alive = [w for w in s.workers if w.label != "decode0"]
     assert all(w.kv.free_blocks == w.kv.total_blocks for w in alive)
-    assert [(f["worker"], f["found"]) for f in s.faults] == [("decode0", "step")]
+    # (its device is poisoned at the step: whichever touches it first, its step's wait or a transfer's piece, finds it)
+    assert [(f["worker"], f["found"] in ("step", "transfer")) for f in s.faults] == [("decode0", True)]
 
 
 def test_a_worker_death_is_in_run_json_and_one_line_and_the_run_exits_1(tmp_path):
@@ -204,7 +205,7 @@ def test_a_worker_death_is_in_run_json_and_one_line_and_the_run_exits_1(tmp_path
     assert outcome.exit_code == 1
     (entry,) = json.loads((tmp_path / "run" / "run.json").read_text())["strategies"]
     (fault,) = entry["faults"]
-    assert fault["worker"] == "decode0" and fault["found"] == "step" and "injected" in fault["cause"]
+    assert fault["worker"] == "decode0" and fault["found"] in ("step", "transfer") and "injected" in fault["cause"]
     assert 0 < fault["time_s"] < entry["wall_s"]
     said = [x for x in lines if "decode0 died" in x]
     assert len(said) == 1 and "\n" not in said[0] and "injected" in said[0], lines
