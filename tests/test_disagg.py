@@ -619,8 +619,10 @@ def test_an_overlap_worker_that_dies_fails_the_requests_it_released_early(fault_
     from strategies.runtime.sim.engine import proxy_config
     from strategies.runtime.sim.specs import MODEL_SPECS
 
-    cfg = ExecutorConfig(device="sim", sim=SimConfig(gpu="h100", model_spec="llama-3-8b"), max_batch_size=16,
-                         max_seq_len=512, max_num_tokens=2048, disagg=DisaggConfig(1, 2, worker_strategy="overlap"))
+    cfg = ExecutorConfig(device="sim", sim=SimConfig(gpu="h100", model_spec="llama-3-8b", host_time="modelled",
+                                                     host_ms_per_iteration=0.5),  # (the same schedule every run)
+                         max_batch_size=16, max_seq_len=512, max_num_tokens=2048,
+                         disagg=DisaggConfig(1, 2, worker_strategy="overlap"))
     mcfg = proxy_config(MODEL_SPECS["llama-3-8b"])
     reqs = build_requests([TraceRequest(i * 0.002, 64, 3) for i in range(24)], SamplingParams(ignore_eos=True),
                           mcfg.vocab_size, 0)
