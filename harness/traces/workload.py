@@ -143,6 +143,9 @@ def _stages(load: dict, kind: str) -> tuple[Stage, ...]:
     return tuple(out)
 
 
+CIRCUIT_BREAKERS = "circuit breakers end a stage on its failures, which a replay does not"  # (top level or load.)
+
+
 def _refuse_set(obj: dict, key: str, where: str, why: str) -> None:
     """A key that would change the replay in a way it cannot honour: refused when set (null or empty: absent)."""
     if obj.get(key) not in (None, [], {}):
@@ -175,13 +178,12 @@ def parse_inference_perf(cfg: dict) -> Workload:
     honoured, what does not (headers, tokenizer, reports, storage, the model server's address) is accepted, and a
     key that is set and cannot be honoured is refused by name."""
     _only(cfg, ("load", "api", "server", "tokenizer", "data", "metrics", "report", "storage", "circuit_breakers"), "")
-    _refuse_set(cfg, "circuit_breakers", "", "circuit breakers end a stage on its failures, which a replay does not")
+    _refuse_set(cfg, "circuit_breakers", "", CIRCUIT_BREAKERS)
     load, data, api = _section(cfg, "load"), _section(cfg, "data"), _section(cfg, "api")
     _only(load, ("type", "stages", "interval", "num_workers", "worker_max_concurrency", "worker_max_tcp_connections",
                  "sweep", "circuit_breakers", "request_timeout"), "load")
     _refuse_set(load, "sweep", "load.", "a sweep measures its own stages first; give the stages it chose")
-    _refuse_set(load, "circuit_breakers", "load.", "circuit breakers end a stage on its failures, which a replay does "
-                                                    "not")
+    _refuse_set(load, "circuit_breakers", "load.", CIRCUIT_BREAKERS)
     kind = load.get("type", "constant")
     if kind not in LOADS:
         raise UserError(f"workload config: load.type {kind!r} is not supported (supported: {', '.join(LOADS)})")

@@ -46,9 +46,11 @@ class ReplicaRole:
         return list(held.values())
 
     def load(self) -> int:
-        """Tokens still to compute for what it holds and queues: the router's measure."""
+        """Tokens still to compute for what it queues and runs: the router's measure (a request released early
+        has nothing left to compute; ``requests`` would count it whole)."""
+        w = self.worker
         return sum(r.context_target - r.num_computed_tokens + r.max_new_tokens - r.num_scheduled_samples
-                   if r.slot is not None else r.prompt_len + r.max_new_tokens for r in self.requests())
+                   if r.slot is not None else r.prompt_len + r.max_new_tokens for r in (*w.waiting, *w.running))
 
     def fail_all(self, reason: str) -> list[Request]:
         """The worker died: its requests end failed, in the records as they stood."""

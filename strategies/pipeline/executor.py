@@ -47,8 +47,8 @@ class PipelineStrategy(Strategy):
         # The slots are shared by the M micro-batches: each takes at most its share of rows, so that the
         # pipeline fills with M micro-batches of similar size instead of one that takes every request.
         self.rows_per_micro_batch = -(-config.max_batch_size // self.depth)
-        self.scheduler.policy = IterationScheduler(replace(config, max_batch_size=self.rows_per_micro_batch), self.kv,
-                                         self.cross_kv, self.progress)
+        micro_batch = replace(config, max_batch_size=self.rows_per_micro_batch)
+        self.scheduler.policy = IterationScheduler(micro_batch, self.kv, self.cross_kv, self.progress)
 
     def _process_engine(self, sizes: dict) -> tuple:
         from strategies.runtime.pipeline.stage_group import PipelineEngine

@@ -170,12 +170,6 @@ class DeviceProfile:
         lat, eff = self.nccl_link(workers)
         return lat + ring_allreduce_bytes(nbytes, workers) / 2 / (self.gpu.link_bw * eff)
 
-    def all_to_all_s(self, nbytes: float, workers: int) -> float:
-        """One all-to-all in which each of ``workers`` GPUs sends ``nbytes`` (expert parallelism's dispatch or
-        combine): the all-reduce's latency and link efficiency for that many GPUs, one pass over the link."""
-        lat, eff = self.nccl_link(workers)
-        return lat + nbytes / (self.gpu.link_bw * eff)
-
     def gemm_s(self, op: str, tokens: float, rows: int, cols: int, tp: int, dtype_bytes: int) -> float:
         """One launch of GEMM ``op`` ((tokens x rows) @ (rows x cols), sharded ``tp`` ways): measured where
         ``gemm_table`` has its shape (at the next measured token count; past the last, the roofline scaled to
