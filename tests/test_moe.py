@@ -122,6 +122,23 @@ def test_expert_parallelism_without_data_parallelism_combines_by_all_reduce():
     assert ep["linear"] == pytest.approx(tp["linear"], rel=0.15)
 
 
+def test_skewed_routing_loads_the_first_experts_rank_under_expert_parallelism():
+    """--moe-skew 1 (expert e's weight 1/(e+1)): under EP 2 the rank holding experts 0-3 takes most of the tokens,
+    so a large step's MoE op costs more than with uniform routing; under TP every rank holds a slice of every
+    expert, so the skew moves nothing but which experts are hit."""
+    p = DeviceProfile.for_gpu("h100")
+    spec = MODEL_SPECS["mixtral-8x7b"]
+    from strategies.runtime.batch import BatchWork
+
+    w = BatchWork(512, 512, 512_000, 512_000)
+    uniform, skewed = (CostModel(spec, p, tp=2, ep=2, moe_skew=s).phases(w)["linear"] for s in (0.0, 1.0))
+    counts = expert_tokens(512, 8, 2, skew=1.0)
+    assert counts[:4].sum() > 1.5 * counts[4:].sum()  # the first rank's experts take most rows
+    assert skewed > uniform * 1.05
+    with pytest.raises(ValueError, match="--moe-skew"):
+        CostModel(spec, p, tp=2, moe_skew=-1.0)
+
+
 def test_the_fused_moe_op_is_priced_as_vllm_measured_it_and_pads_as_vllm_does():
     """vLLM's fused MoE op (PR 24700: Mixtral-8x7B at TP 2 on H100, CUDA graphs) at 15 batch sizes from 1 to 1,536
     tokens: the price is within 20% of each (the fit's own data: a check that one floor and two efficiencies on
@@ -145,7 +162,8 @@ def test_the_fused_moe_op_is_priced_as_vllm_measured_it_and_pads_as_vllm_does():
                                                                                       128]
 
 
-@pytest.mark.parametrize("parallel", [["--tp", "2"], ["--tp", "2", "--ep", "2"]])
+@pytest.mark.parametrize("parallel", [["--tp", "2"], ["--tp", "2", "--ep", "2"], ["--tp", "2", "--ep", "2",
+                                                                                 "--moe-skew", "1"]])
 def test_mixtral_spec_runs_on_sim(tmp_path, parallel):
     r = cli("run", "--device", "sim", "--gpu", "h100", "--model-spec", "mixtral-8x7b", *parallel, "--num-prompts",
             "40", "--request-rate", "20", "--strategies", "inflight", "--out", str(tmp_path / "o"), "--no-progress")
