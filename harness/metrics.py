@@ -4,7 +4,9 @@ TTFT = first_token_s − arrival_s; E2EL = finish_s − arrival_s; TPOT = (E2EL 
 requests with more than one token (request-weighted); ITL = consecutive gaps between a request's streamed
 chunks — the tokens a step hands out together share one time and are one chunk — pooled over requests.
 duration = last finish − first arrival. Throughputs count completed requests.
-prefix_cache_hit_rate = prompt tokens read from the prefix cache / prompt tokens, over completed requests.
+prefix_cache_hit_rate = prompt tokens read from the prefix cache / prompt tokens, over completed requests (both
+tiers, as vLLM's ``prompt_tokens_by_source`` counts local and external hits together); host_cache_hit_rate = the
+share of prompt tokens the host KV tier served (vLLM's external hits, SGLang's ``cache_source=host``).
 Std is the population std; percentiles interpolate linearly. Request metrics need only
 ``requests.parquet`` and ``tokens.jsonl``; engine metrics need only ``iterations.parquet``.
 """
@@ -88,6 +90,8 @@ def request_metrics(requests: pd.DataFrame, token_times: TokenTimes,
     if "cached_tokens" in done:  # prompt tokens served from the prefix cache, of completed requests' prompts
         prompt = done["input_tokens"].sum()
         out["prefix_cache_hit_rate"] = float(done["cached_tokens"].sum() / prompt) if prompt else float("nan")
+        if "host_cached_tokens" in done and done["host_cached_tokens"].any():
+            out["host_cache_hit_rate"] = float(done["host_cached_tokens"].sum() / prompt)
     duration = float(done["finish_s"].max() - requests["arrival_s"].min()) if len(done) else float("nan")
     out["duration_s"] = duration
     ok = duration > 0
@@ -171,9 +175,25 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
         out["device_busy_fraction"] = 1 - bubble
     if "spec_drafts" in it and it["spec_drafts"].sum() > 0:
         out.update(spec_metrics(it))
+    if "host_kv_blocks_total" in it and it["host_kv_blocks_total"].any():  # the host KV tier
+        out.update(host_tier_metrics(it, start))
     if "encode_start_s" in it and it["encode_start_s"].notna().any():  # encoder–decoder models
         encode = (it["encode_end_s"] - it["encode_start_s"]).dropna()
         out["encode_ms_per_iteration"] = float(encode.sum() / len(it) * 1e3)
+    return out
+
+
+def host_tier_metrics(it: pd.DataFrame, start: pd.Series) -> dict:
+    """The host KV tier: blocks and bytes copied each way, and the seconds steps' compute waited for the copies —
+    from the copies' start, or from the previous step's end where that was later (on the simulated device they
+    run on a copy engine beside the previous step, per worker)."""
+    out = {name: int(it[name].sum()) for name in ("kv_offloaded_blocks", "kv_onloaded_blocks", "kv_offloaded_bytes",
+                                                   "kv_onloaded_bytes")}
+    prev_end = it.groupby("worker")["sample_end_s"].shift() if "worker" in it else it["sample_end_s"].shift()
+    copied = it["kv_host_copy_end_s"].notna()
+    free = np.fmax(it["kv_host_copy_start_s"], prev_end.fillna(-np.inf))
+    out["kv_host_copy_wait_s"] = float((start[copied] - free[copied]).clip(lower=0).sum())
+    out["host_kv_blocks_peak"] = int(it["host_kv_blocks_used"].max())
     return out
 
 

@@ -143,14 +143,18 @@ def over_time(runs: list[RunData]) -> go.Figure:
 
 
 def kv_cache(runs: list[RunData]) -> go.Figure:
-    """Blocks held and cached-but-free over time, and the prefix-cache hit rate of requests by arrival."""
+    """Blocks held and cached-but-free over time, the prefix-cache hit rate of requests by arrival, and where a run
+    has a host KV tier, the blocks it holds."""
+    rows = list(_iterations(runs))
+    host = any("host_kv_blocks_total" in it and it["host_kv_blocks_total"].any() for _, _, it, _, _ in rows)
     titles = ["KV blocks held by running requests", "KV blocks cached, free but reusable",
-              "Prefix-cache hit rate (prompt tokens read from cache, requests by arrival)"]
-    grid = Grid(3, titles=titles, shared_xaxes=True, vertical_spacing=0.08)
+              "Prefix-cache hit rate (prompt tokens read from cache, requests by arrival)",
+              *(["Host KV tier: blocks holding evicted keys"] if host else [])]
+    grid = Grid(len(titles), titles=titles, shared_xaxes=True, vertical_spacing=0.08)
     colors, multi = strategy_colors(runs), len(runs) > 1
-    for run, strategy, it, t, t_max in _iterations(runs):
-        series = [_binned(t, it[c].to_numpy(float), t_max, "mean") if c in it else (np.array([]), np.array([]))
-                  for c in ("kv_blocks_used", "kv_blocks_cached")]
+    panels = {1: "kv_blocks_used", 2: "kv_blocks_cached", **({4: "host_kv_blocks_used"} if host else {})}
+    for run, strategy, it, t, t_max in rows:
+        series = {row: _binned(t, it[c].to_numpy(float), t_max, "mean") for row, c in panels.items() if c in it}
         req = run.requests.get(strategy)
         if req is not None and "cached_tokens" in req:
             done = req[req["status"] == "finished"]
@@ -158,12 +162,12 @@ def kv_cache(runs: list[RunData]) -> go.Figure:
             cached = _binned(arr, done["cached_tokens"].to_numpy(float), t_max, "sum")
             prompt = _binned(arr, done["input_tokens"].to_numpy(float), t_max, "sum")
             with np.errstate(invalid="ignore", divide="ignore"):
-                series.append((cached[0], cached[1] / prompt[1]))
-        for i, (x, y) in enumerate(series):
-            _line(grid, x, y, run, strategy, colors[(run.name, strategy)], multi, i + 1)
+                series[3] = (cached[0], cached[1] / prompt[1])
+        for row, (x, y) in series.items():
+            _line(grid, x, y, run, strategy, colors[(run.name, strategy)], multi, row)
     grid.yaxis(3)["range"] = [0, 1]
-    grid.xaxis(3)["title"] = {"text": "run time (s)"}
-    return grid.figure("KV cache", 700)
+    grid.xaxis(len(titles))["title"] = {"text": "run time (s)"}
+    return grid.figure("KV cache", 230 * len(titles) + 10)
 
 
 def padding(runs: list[RunData]) -> go.Figure:

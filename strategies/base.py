@@ -72,7 +72,7 @@ class Strategy(Executor):
         self.scheduler = Scheduler(c, self.clock, model_cfg.is_encoder_decoder, self.holds_finished_rows)
         self._phase = HostPhase(self)  # ``with self._phase(rec, "schedule"):`` times a host phase into rec
         self.recorder = StepRecorder(self.clock, self.slots, self.kv, self.waiting, self.records,
-                                     role.label if role is not None else "")
+                                     role.label if role is not None else "", self.engine.kv_block_bytes)
         if role is not None:
             role.attach(self)
         self.drafter: DraftModel | None = None

@@ -24,6 +24,7 @@ class ExecutorConfig:
     tokens_per_block: int = 16
     kv_blocks: int | None = None  # None: enough for every slot at max_seq_len
     prefix_caching: bool = False  # reuse full KV blocks by content hash across requests
+    kv_offload_blocks: int = 0  # the host KV tier's blocks: cached blocks the GPU pool evicts go there (0: none)
     kv_watermark: float = 0.01  # max-utilization: free-block fraction kept back while requests run (vLLM's)
     cross_kv_blocks: int | None = None  # encoder–decoder: cross-attention KV blocks (None: as many as --kv-blocks)
     pipeline_stages: int = 2  # pipeline strategy: stage processes (--pp), each a contiguous range of layers
@@ -62,6 +63,11 @@ class ExecutorConfig:
         for name in ("kv_blocks", "cross_kv_blocks"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(self, name)}")
+        if self.kv_offload_blocks < 0:
+            raise ValueError(f"--kv-offload-blocks must be >= 0, got {self.kv_offload_blocks}")
+        if self.kv_offload_blocks and not self.prefix_caching:
+            raise ValueError("--kv-offload-blocks needs --prefix-caching: the host tier keeps cached blocks, "
+                             "found again by their hashes")
         if self.capacity_policy not in CAPACITY_POLICIES:
             raise ValueError(f"--capacity-policy {self.capacity_policy!r}: expected one of "
                              f"{', '.join(CAPACITY_POLICIES)}")

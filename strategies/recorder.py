@@ -23,13 +23,14 @@ if TYPE_CHECKING:
 
 class StepRecorder:
     def __init__(self, clock: Clock, slots: SlotManager, kv: BlockManager, waiting: Sized,
-                 records: list[IterationRecord], worker: str = "") -> None:
+                 records: list[IterationRecord], worker: str = "", block_bytes: int = 0) -> None:
         self.clock = clock
         self.slots = slots
         self.kv = kv
         self.waiting = waiting  # the strategy's queue (its length is recorded)
         self.records = records  # the strategy's: one record per step that ran work, in schedule order
         self.worker = worker  # the records' ``worker`` column: a fleet's worker (prefill0, ...), else empty
+        self.block_bytes = block_bytes  # a KV block's bytes (the host tier's copies are counted in them too)
         self._evictions_seen = 0
         self._last_launched: IterationRecord | None = None
         self._last_waited: IterationRecord | None = None
@@ -46,6 +47,11 @@ class StepRecorder:
         rec.kv_blocks_cached = kv.cached_free_blocks
         rec.kv_evictions, self._evictions_seen = kv.evictions - self._evictions_seen, kv.evictions
         rec.preemptions = len(batch.preempted)
+        if kv.host is not None:
+            rec.host_kv_blocks_used, rec.host_kv_blocks_total = kv.host.used_blocks, kv.host.num_blocks
+            rec.kv_offloaded_blocks, rec.kv_onloaded_blocks = len(batch.kv_offload), len(batch.kv_onload)
+            rec.kv_offloaded_bytes = rec.kv_offloaded_blocks * self.block_bytes
+            rec.kv_onloaded_bytes = rec.kv_onloaded_blocks * self.block_bytes
         if batch:
             self.records.append(rec)
 

@@ -137,6 +137,7 @@ def test_a_template_that_refuses_the_messages_is_a_400_and_a_model_is_found_by_a
     from harness.serve.tokenizer import CheckpointTokenizer
 
     engine = SimpleNamespace(name="inflight", opts=SimpleNamespace(max_seq_len=256),
+                             executor=SimpleNamespace(kv_offload_blocks=0),
                              strategy=SimpleNamespace(rejection=lambda r: None))
     fe = FrontEnd(engine, CheckpointTokenizer(checkpoint), ["llama", str(checkpoint)])
     with pytest.raises(BadRequest, match="the chat template: TemplateError: roles are user and assistant") as e:

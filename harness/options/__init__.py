@@ -101,6 +101,8 @@ class RunOptions(EndpointOptions, DisaggOptions):
     kv_blocks: int | None = _opt(None, "KV cache blocks (default: every slot at max-seq-len)")
     tokens_per_block: int = _opt(16, "tokens per KV block")
     prefix_caching: bool = _opt(False, "reuse cached KV blocks of equal prefixes across requests")
+    kv_offload_blocks: int = _opt(0, "host KV tier: blocks of host memory that cached blocks the KV pool evicts go "
+                                     "to, onloaded again on a prefix hit (needs --prefix-caching; 0: none)")
     kv_watermark: float = _opt(0.01, "max-utilization: fraction of KV blocks kept free while requests run")
     temperature: float = _opt(0.0, "sampling temperature (0: greedy)")
     top_k: int = _opt(0, "top-k (0: off)")
@@ -280,9 +282,9 @@ class RunOptions(EndpointOptions, DisaggOptions):
                 max_batch_size=self.max_batch_size, max_num_tokens=self.max_num_tokens, max_seq_len=max_seq_len,
                 capacity_policy=self.capacity_policy, chunked_prefill=self.chunked_prefill,
                 tokens_per_block=self.tokens_per_block, kv_blocks=self.kv_blocks, prefix_caching=self.prefix_caching,
-                kv_watermark=self.kv_watermark, device=self.device, device_memory=self.device_memory,
-                device_threads=self.device_threads, cpu_device=self.cpu_device, compile=self.compile,
-                instrument=self.instrument,
+                kv_offload_blocks=self.kv_offload_blocks, kv_watermark=self.kv_watermark, device=self.device,
+                device_memory=self.device_memory, device_threads=self.device_threads, cpu_device=self.cpu_device,
+                compile=self.compile, instrument=self.instrument,
                 max_beam_width=self.beam_width, pipeline_stages=self.pp, num_micro_batches=self.num_micro_batches,
                 stage_timeout_s=self.stage_timeout, sim=self.sim_config(), speculative=self.speculative(),
                 num_replicas=self.num_replicas, router=self.router, devices=self.device_list(),

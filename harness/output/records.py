@@ -9,7 +9,8 @@ when the engine hands them out), ``failed_s``, and the ``*_ms`` latencies derive
 decrease (the serving path is a queue), and each is at or after the engine time it follows.
   request_id, arrival_s, input_tokens, output_tokens, status (finished | rejected | failed),
   finish_reason, first_token_s, finish_s, slot (the last slot it held), preemptions, cached_tokens (prompt
-  tokens read from the prefix cache instead of computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where
+  tokens read from the prefix cache instead of computed), host_cached_tokens (of those, the ones the host KV
+  tier held: onloaded, not computed), ttft_ms, tpot_ms, e2el_ms (derived, NaN where
   undefined), session_id and turn (multi-turn sessions: <NA> and 0 outside one; a later turn's input_tokens
   count its history, and a turn its session never sent is rejected with the reason, arriving when the
   session ended); admitted_s (its first admission into a slot: where its queueing ended; NaN if never);
@@ -45,10 +46,10 @@ from strategies.runtime.iteration import ITERATION_COLUMNS, IterationRecord
 from strategies.runtime.request import Request
 
 REQUEST_COLUMNS = ["request_id", "arrival_s", "input_tokens", "output_tokens", "status", "finish_reason",
-                   "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "ttft_ms", "tpot_ms",
-                   "e2el_ms", "session_id", "turn", "admitted_s", "failed_s", "kv_ready_s", "kv_transfer_start_s",
-                   "kv_transfer_end_s", "kv_transfer_ms", "kv_transfer_bytes", "stage", "prefill_first_token_s",
-                   "prefill_ttft_ms"]
+                   "first_token_s", "finish_s", "slot", "preemptions", "cached_tokens", "host_cached_tokens", "ttft_ms",
+                   "tpot_ms", "e2el_ms", "session_id", "turn", "admitted_s", "failed_s", "kv_ready_s",
+                   "kv_transfer_start_s", "kv_transfer_end_s", "kv_transfer_ms", "kv_transfer_bytes", "stage",
+                   "prefill_first_token_s", "prefill_ttft_ms"]
 
 
 def requests_frame(requests: list[Request]) -> pd.DataFrame:
@@ -68,12 +69,13 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
         prefill_first = r.prefill_first_token_s if r.prefill_first_token_s is not None else nan
         rows.append((r.request_id, r.arrival_s, r.prompt_len, r.num_output_tokens, r.status.value,
                      r.finish_reason or "", first, finish, r.last_slot if r.last_slot is not None else -1,
-                     r.preemptions, r.cached_tokens, ttft, tpot, e2el, r.session_id, r.turn, admitted, failed, kv_ready,
-                     kv_start, kv_end, (kv_end - kv_start) * 1e3, r.kv_transfer_bytes, r.stage, prefill_first,
-                     (prefill_first - r.arrival_s) * 1e3))
+                     r.preemptions, r.cached_tokens, r.host_cached_tokens, ttft, tpot, e2el, r.session_id, r.turn,
+                     admitted, failed, kv_ready, kv_start, kv_end, (kv_end - kv_start) * 1e3, r.kv_transfer_bytes,
+                     r.stage, prefill_first, (prefill_first - r.arrival_s) * 1e3))
     df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
     return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
-                      "cached_tokens": "int64", "turn": "int64", "kv_transfer_bytes": "int64", "stage": "int64",
+                      "cached_tokens": "int64", "host_cached_tokens": "int64", "turn": "int64",
+                      "kv_transfer_bytes": "int64", "stage": "int64",
                       "session_id": "string", "request_id": "string", "status": "string", "finish_reason": "string"})
 
 

@@ -55,7 +55,7 @@ class FrontEnd:
         self.tokenizer = tokenizer
         self.model_name = model_names[0]  # a response's ``model``; a request may name any of them (vLLM's)
         self.model_names = list(dict.fromkeys(model_names))
-        self.metrics = ServerMetrics(self.model_name)
+        self.metrics = ServerMetrics(self.model_name, host_tier=bool(engine.executor.kv_offload_blocks))
         self.loop: asyncio.AbstractEventLoop | None = None
         self.closing = False
         self._lock = threading.Lock()

@@ -4,7 +4,9 @@ engine's thread as requests stream and end, read by the front end's.
 Gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0-1) are the
 engine's state at its last step. Counters: ``vllm:prompt_tokens`` (prompts computed: counted at a request's first
 token), ``vllm:generation_tokens``, ``vllm:prefix_cache_queries`` / ``_hits`` (prompt tokens looked up / found
-cached, at admission), ``vllm:num_preemptions`` (counted when the request ends), ``vllm:request_success`` by
+cached in GPU memory, at admission), with a host KV tier ``vllm:external_prefix_cache_queries`` / ``_hits`` (as
+vLLM counts its offloading connector's: queried = the prompt tokens the GPU's cache did not hold),
+``vllm:num_preemptions`` (counted when the request ends), ``vllm:request_success`` by
 ``finished_reason`` (stop, length; a failed or aborted request is not a success). Histograms with vLLM's buckets:
 ``vllm:time_to_first_token_seconds``, ``vllm:time_per_output_token_seconds`` (one observation per streamed gap),
 ``vllm:e2e_request_latency_seconds``, ``vllm:request_queue_time_seconds`` (arrival → first admission).
@@ -32,7 +34,7 @@ def _workers(executor: Executor) -> list:
 
 
 class ServerMetrics:
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, host_tier: bool = False) -> None:
         self.registry = CollectorRegistry()  # the server's own (prometheus_client's metrics are thread-safe)
         lab = {"model_name": model_name, "engine": "0"}
 
@@ -46,6 +48,14 @@ class ServerMetrics:
         self.generation_tokens = make(Counter, "vllm:generation_tokens", "Number of generation tokens processed.")
         self.cache_queries = make(Counter, "vllm:prefix_cache_queries", "Prefix cache queries, in queried tokens.")
         self.cache_hits = make(Counter, "vllm:prefix_cache_hits", "Prefix cache hits, in cached tokens.")
+        # the host KV tier's (--kv-offload-blocks): vLLM exports a KV connector's hits only where it has one
+        self.external_queries = self.external_hits = None
+        if host_tier:
+            self.external_queries = make(Counter, "vllm:external_prefix_cache_queries", "External prefix cache "
+                                         "queries from KV connector cross-instance cache sharing, in terms of number "
+                                         "of queried tokens.")
+            self.external_hits = make(Counter, "vllm:external_prefix_cache_hits", "External prefix cache hits from "
+                                      "KV connector cross-instance cache sharing, in terms of number of cached tokens.")
         self.preemptions = make(Counter, "vllm:num_preemptions", "Cumulative number of preemption from the engine.")
         success = Counter("vllm:request_success", "Count of successfully processed requests.",
                           (*LABELS, "finished_reason"), registry=self.registry)
@@ -72,7 +82,11 @@ class ServerMetrics:
         if first:
             self.prompt_tokens.inc(r.prompt_len)
             self.cache_queries.inc(r.prompt_len)
-            self.cache_hits.inc(r.cached_tokens)
+            local = r.cached_tokens - r.host_cached_tokens
+            self.cache_hits.inc(local)
+            if self.external_queries is not None and self.external_hits is not None:
+                self.external_queries.inc(r.prompt_len - local)
+                self.external_hits.inc(r.host_cached_tokens)
             self.ttft.observe(times[0] - r.arrival_s)
         last = previous_s if previous_s is not None else times[0]
         for t in times:

@@ -18,11 +18,12 @@ if TYPE_CHECKING:
 
 def engine_sizes(c: ExecutorConfig, max_tokens: int, depth: int) -> dict[str, int]:
     """The engine's buffer sizes: its slots, a step's tokens and rows, a buffer set per step in flight, the KV
-    pool, beams and drafts."""
+    pool and its host tier, beams and drafts."""
     return {"num_slots": c.max_batch_size, "max_seq_len": c.max_seq_len, "max_tokens": max_tokens,
             "max_batch": c.max_batch_size, "num_buffer_sets": depth, "num_blocks": c.total_kv_blocks,
             "tokens_per_block": c.tokens_per_block, "max_beam": c.max_beam_width,
-            "max_drafts": c.speculative.num_speculative_tokens if c.speculative else 0}
+            "max_drafts": c.speculative.num_speculative_tokens if c.speculative else 0,
+            "kv_offload_blocks": c.kv_offload_blocks}
 
 
 def local_engine(c: ExecutorConfig, clock: Clock, nvtx: Nvtx, sizes: dict, cfg: ModelConfig,

@@ -45,7 +45,7 @@ class Scheduler:
         self.slots = SlotManager(c.max_batch_size)
         self.progress = SlotProgress(c.max_batch_size)  # running requests' counters and tokens, per slot
         self.kv = BlockManager(c.total_kv_blocks, c.tokens_per_block, c.max_batch_size, c.max_blocks_per_seq,
-                               c.prefix_caching, c.max_beam_width)
+                               c.prefix_caching, c.max_beam_width, c.kv_offload_blocks)
         # Encoder–decoder models: the cross-attention KV's blocks, held from admission to the end
         self.cross_kv = BlockManager(c.total_cross_kv_blocks, c.tokens_per_block, c.max_batch_size,
                                      c.max_blocks_per_seq) if encoder_decoder else None
@@ -71,8 +71,11 @@ class Scheduler:
     def admit(self, r: Request, hits: list[int], reserve_tokens: int) -> None:
         """Give ``r`` a slot, its cached prefix blocks ``hits``, and blocks up to ``reserve_tokens``."""
         slot = self.slots.acquire(r.request_id, self._scheduling, r.width)
-        self.adopt(r, slot, len(hits) * self.kv.tokens_per_block, self.clock.now())
-        self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len)
+        tpb = self.kv.tokens_per_block
+        if r.admitted_seq < 0 and hits and min(hits) < 0:  # the host tier's share of its first prefix hit
+            r.host_cached_tokens = min(sum(1 for b in hits if b < 0) * tpb, r.prompt_len)
+        self.adopt(r, slot, len(hits) * tpb, self.clock.now())
+        self.kv.admit(slot, hits, reserve_tokens, r.width, r.prompt_len, r.block_hashes)
         if self.cross_kv is not None:
             self.cross_kv.admit(slot, [], r.encoder_len)
 
@@ -136,6 +139,8 @@ class Scheduler:
         blocks it fills become reusable (prefix caching); a prefill's last chunk starts its slot's decoding."""
         self._scheduling = iteration
         batch = self.policy.schedule(iteration, self, running)
+        if self.kv.host is not None:  # the host tier's copies this schedule's allocations and admissions made
+            batch.kv_offload, batch.kv_onload = self.kv.take_copies()
         if self.kv.prefix_caching:  # one array test picks the rows whose computed tokens filled a block
             slots, rows = self.running.slots, self.running
             for i in self.kv.uncommitted(slots, self.progress.counters[slots, COMPUTED]).tolist():

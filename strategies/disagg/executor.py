@@ -49,7 +49,8 @@ class DisaggStrategy(Fleet):
             self.prefill.append(cls(self.model_cfg, self.model, self.config.on(i), self.clock,
                                                  role=PrefillRole(i)))
             self.workers.append(self.prefill[-1])
-        decode_cfg = replace(self.config, prefix_caching=False)  # prompts arrive by transfer, not from a cache
+        # prompts arrive by transfer, not from a cache (nor from a host tier of one)
+        decode_cfg = replace(self.config, prefix_caching=False, kv_offload_blocks=0)
         for i in range(d.num_decode_workers):
             self.decode.append(cls(self.model_cfg, self.model, decode_cfg.on(d.num_prefill_workers + i), self.clock,
                                    role=DecodeRole(i)))

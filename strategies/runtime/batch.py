@@ -82,6 +82,10 @@ class ScheduledBatch:
     # chunks as chunks of their own (their outputs follow every other request's)
     verify: list[VerifyStep] = field(default_factory=list)  # append with ``add_verify``
     num_verify_tokens: int = 0  # their tokens: last ones and drafts
+    # The host KV tier's copies, made before the forward (``BlockManager.take_copies``): (GPU, host) blocks out,
+    # then (host, GPU) blocks in
+    kv_offload: list[tuple[int, int]] = field(default_factory=list)
+    kv_onload: list[tuple[int, int]] = field(default_factory=list)
     # (generation rows, of which beam rows): counted once, on first use after scheduling — the step is
     # read several times per iteration, and at batch ~200 each pass costs the simulator ~1%
     _rows: tuple[int, int] | None = None

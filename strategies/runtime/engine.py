@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
     from strategies.runtime.decoder.state import DecoderState
+    from strategies.runtime.kv.host_pool import KVHostPool
     from strategies.runtime.kv.pool import KVCachePool
 
 
@@ -33,7 +34,8 @@ if TYPE_CHECKING:
 class Engine:
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, stream: DeviceStream, *, num_slots: int,
                  max_seq_len: int, max_tokens: int, max_batch: int, num_buffer_sets: int, num_blocks: int,
-                 tokens_per_block: int, max_beam: int = 1, max_drafts: int = 0, kv_staging_blocks: int = 0) -> None:
+                 tokens_per_block: int, max_beam: int = 1, max_drafts: int = 0, kv_staging_blocks: int = 0,
+                 kv_offload_blocks: int = 0) -> None:
         if max_seq_len > cfg.max_position_embeddings:
             raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings "
                              f"{cfg.max_position_embeddings}")
@@ -56,16 +58,24 @@ class Engine:
         # Every registered buffer family, in each set (buffers/buffer_set.py: FAMILIES)
         self.buffer_sets = build_buffer_sets(cfg, EngineSizes(num_slots, max_seq_len, max_tokens, max_batch,
                                                               num_buffer_sets, num_blocks, tokens_per_block, max_beam,
-                                                              max_drafts, kv_staging_blocks), memory)
+                                                              max_drafts, kv_staging_blocks, kv_offload_blocks), memory)
         # Disaggregated serving: the bounded buffer this engine's KV blocks leave or arrive through
         self.kv_staging = (KVStaging(cfg, kv_staging_blocks, tokens_per_block, memory) if kv_staging_blocks
                            else None)
+        # The host KV tier's storage (the simulated device stores no KV: its copies are only priced)
+        self.host_pool = (self._host_pool(kv_offload_blocks, tokens_per_block)
+                          if kv_offload_blocks and self.kv is not None else None)
         self.fault_at_iteration: int | None = None  # test hook: the device step raises at this iteration
 
     def _kv_storage(self, num_blocks: int, tokens_per_block: int) -> KVCachePool | None:
         from strategies.runtime.kv.pool import KVCachePool  # torch: the simulated engine stores no KV
 
         return KVCachePool(self.cfg, num_blocks, tokens_per_block, self.stream.memory)
+
+    def _host_pool(self, num_blocks: int, tokens_per_block: int) -> KVHostPool:
+        from strategies.runtime.kv.host_pool import KVHostPool
+
+        return KVHostPool(self.cfg, num_blocks, tokens_per_block, self.stream.memory)
 
     def _decoder_state(self, num_slots: int, max_beam: int, max_seq_len: int) -> DecoderState:
         from strategies.runtime.decoder.state import DecoderState  # torch: the simulated engine has its own
@@ -76,6 +86,11 @@ class Engine:
     def kv_bytes(self) -> int:
         return self.kv.nbytes if self.kv is not None else 0
 
+    @property
+    def kv_block_bytes(self) -> int:
+        """Bytes of one KV block of the model, every layer and KV head: what a host-tier copy moves."""
+        return self.cfg.kv_bytes_per_token * self.tokens_per_block
+
     def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
                 cross_table: np.ndarray | None = None) -> None:
         """Host side: write the batch into the set's staging buffers (``block_table [S, Kb, MB]``: per
@@ -83,9 +98,20 @@ class Engine:
         bufs.fill_step(StepFill(batch, batch.sampled_requests, block_table, cross_table, self.cfg.eos_token_id))
 
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
-        """Enqueue forward and sample for ``bufs``; returns at once."""
-        return self.stream.enqueue(iteration, [("forward", self._forward, (iteration, bufs)),
+        """Enqueue forward and sample for ``bufs`` (after the host KV tier's copies, where it has any); returns
+        at once."""
+        return self.stream.enqueue(iteration, [*self.copy_pieces(bufs), ("forward", self._forward, (iteration, bufs)),
                                                ("sample", self._sample, (bufs,))])
+
+    def copy_pieces(self, bufs: BufferSet) -> list:
+        """The host KV tier's piece for ``bufs``' step, ahead of its forward: [] when it moves no block."""
+        c = bufs.kv_copies
+        return [("kv_host_copy", self._kv_host_copy, (bufs,))] if c is not None and c.any else []
+
+    def _kv_host_copy(self, bufs: BufferSet) -> None:
+        assert bufs.kv_copies is not None
+        if self.host_pool is not None:
+            self.host_pool.copy(bufs.kv_copies, self._k, self._v)
 
     def outputs(self, bufs: BufferSet) -> np.ndarray:
         """[R, 2] token, finish code per request; valid once the step's work is waited for (and until the set

@@ -20,7 +20,10 @@ class IterationRecord:
     prepare_end_s: float = NAN
     postprocess_start_s: float = NAN
     postprocess_end_s: float = NAN
-    # Device phases, as the device stream timed them (encode: encoder–decoder models, steps that admit).
+    # Device phases, as the device stream timed them (encode: encoder–decoder models, steps that admit;
+    # kv_host_copy: the host KV tier's offloads and onloads, steps that move blocks).
+    kv_host_copy_start_s: float = NAN
+    kv_host_copy_end_s: float = NAN
     encode_start_s: float = NAN
     encode_end_s: float = NAN
     # Speculation with a draft model: its k passes before the step (another engine, waited for by the host)
@@ -62,6 +65,14 @@ class IterationRecord:
     kv_blocks_total: int = 0
     kv_blocks_cached: int = 0  # cached blocks nobody holds: free, but reusable by a prefix hit
     kv_evictions: int = 0  # cached blocks wiped by this iteration's allocations
+    # The host KV tier (--kv-offload-blocks): its blocks holding keys, its size, and the blocks this step copies
+    # out to it (evicted from the pool) and back in from it (prefix hits it held)
+    host_kv_blocks_used: int = 0
+    host_kv_blocks_total: int = 0
+    kv_offloaded_blocks: int = 0
+    kv_onloaded_blocks: int = 0
+    kv_offloaded_bytes: int = 0  # those blocks' bytes (the model's, every layer and KV head)
+    kv_onloaded_bytes: int = 0
     preemptions: int = 0  # requests preempted by this iteration's schedule
     # Speculative decoding (vLLM's counters): verifying requests whose outcome was read (each proposed >= 1
     # draft; one preempted with its step in flight received nothing and is not counted), their draft

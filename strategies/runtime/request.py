@@ -63,6 +63,7 @@ class Request:
     kv_transfer_end_s: float | None = None
     kv_transfer_bytes: int = 0
     cached_tokens: int = 0  # prompt tokens read from the prefix cache at first admission, not computed
+    host_cached_tokens: int = 0  # of those, the ones the host KV tier held (onloaded, not computed)
     block_hashes: list[int] = field(default_factory=list)  # chained hashes of full blocks (block manager)
     # Beam search's answer, best first: (generated tokens, length-penalised score) of each returned
     # sequence; set when the request finishes. Until then a beam request's token buffer holds beam 0's

@@ -13,6 +13,7 @@ from strategies.runtime.batch import BatchWork
 from strategies.runtime.buffers.draft_tokens import DraftTokens
 from strategies.runtime.buffers.encoder_buffers import EncoderBuffers
 from strategies.runtime.buffers.family import BufferFamily, EngineSizes, StepFill
+from strategies.runtime.buffers.kv_copies import KVCopies
 from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
 from strategies.runtime.buffers.step_io import StepIO
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 
 # The registration: every family an engine may keep, in the order a step fills, uploads and downloads them
 # (the draft tokens read the step I/O's slot modes, which its fill sets).
-FAMILIES: tuple[type[BufferFamily], ...] = (RuntimeBuffers, StepIO, DraftTokens, EncoderBuffers)
+FAMILIES: tuple[type[BufferFamily], ...] = (RuntimeBuffers, StepIO, DraftTokens, EncoderBuffers, KVCopies)
 
 
 class BufferSet:
@@ -32,6 +33,7 @@ class BufferSet:
     step: StepIO  # decoder step inputs and outputs (always)
     drafts: DraftTokens | None  # speculative decoding: verifying rows' drafts and accept outputs
     encoder: EncoderBuffers | None  # encoder–decoder models: encoder and cross-attention inputs
+    kv_copies: KVCopies | None  # the host KV tier: blocks the step offloads and onloads
 
     def __init__(self, index: int, families: dict[str, BufferFamily | None]) -> None:
         self.index = index

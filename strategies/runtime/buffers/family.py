@@ -46,6 +46,7 @@ class EngineSizes:
     max_beam: int = 1  # widest beam search
     max_drafts: int = 0  # speculative decoding's K (0: no draft-token buffers)
     kv_staging_blocks: int = 0  # disaggregated serving: the KV staging buffer's blocks (0: none)
+    kv_offload_blocks: int = 0  # the host KV tier's blocks (0: no tier)
 
 
 @dataclass

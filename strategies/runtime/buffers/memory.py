@@ -78,6 +78,15 @@ class DeviceMemory:
         if dev is not host and n > 0:
             self._copy(host[:n], dev[:n], host)
 
+    def download_row(self, host: torch.Tensor, row: int, dev: torch.Tensor) -> None:
+        """Device → host: the contiguous ``dev`` into ``host[row]``, issued on the current stream — always a copy,
+        shared memory too (the host KV tier's blocks are a store of their own, not a device buffer's twin)."""
+        self._copy(host[row], dev, host)
+
+    def upload_row(self, dev: torch.Tensor, host: torch.Tensor, row: int) -> None:
+        """Host → device: ``host[row]`` into the contiguous ``dev``, issued on the current stream."""
+        self._copy(dev, host[row], host)
+
     def _copy(self, dst: torch.Tensor, src: torch.Tensor, host: torch.Tensor) -> None:
         # Checked on every copy, on CPU as on CUDA: the same line fails in CI that would block on a GPU.
         if not (dst.is_contiguous() and src.is_contiguous()):

@@ -14,9 +14,9 @@ import nvtx
 DOMAIN = "slotbench"
 # encode: an encoder–decoder model's encoder piece; finalize: finished beams' hypotheses read back; hold: the
 # device kept busy on purpose (DeviceStream.hold, for checks); kv_send / kv_recv: disaggregated serving's KV
-# transfer pieces (a block chunk through the staging buffer)
+# transfer pieces (a block chunk through the staging buffer); kv_host_copy: the host KV tier's offloads and onloads
 PHASES = ("schedule", "prepare", "encode", "forward", "sample", "postprocess", "finalize", "hold", "kv_send",
-          "kv_recv")
+          "kv_recv", "kv_host_copy")
 
 
 class Nvtx:

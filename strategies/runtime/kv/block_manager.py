@@ -18,6 +18,11 @@ prompt's full blocks are written once, by beam 0's context step, and every beam'
 once, by the request). From the block holding the first generated position on, each beam holds blocks
 of its own and writes only its own positions; which beam's block a position is read from is the cache
 indirection's business (``decoder/beam_search.py``), so a reorder moves no KV and no block.
+
+A host tier (``host_tier.py``, ``--kv-offload-blocks``) extends the cache: a cached block the pool evicts is
+copied to host memory first, and the hash chain continues there. A hit is then a GPU block id, or, for a
+block the host tier holds, ``~host_block`` (negative): ``admit`` gives it a fresh GPU block and the step
+copies its keys back.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections import OrderedDict
 import numpy as np
 
 from strategies.runtime.kv.free_blocks import FreeBlocks
+from strategies.runtime.kv.host_tier import HostTier
 from strategies.runtime.request import Request
 
 
@@ -42,7 +48,7 @@ def beam_blocks(num_tokens: int, tokens_per_block: int, width: int, prompt_len: 
 
 class BlockManager:
     def __init__(self, num_blocks: int, tokens_per_block: int, num_slots: int, max_blocks_per_seq: int,
-                 prefix_caching: bool = False, max_beam: int = 1) -> None:
+                 prefix_caching: bool = False, max_beam: int = 1, host_blocks: int = 0) -> None:
         if tokens_per_block <= 0 or num_blocks <= 0:
             raise ValueError("tokens_per_block and total_blocks must be positive")
         self.tokens_per_block = tokens_per_block
@@ -61,6 +67,7 @@ class BlockManager:
         self._by_hash: dict[int, int] = {}  # hash → block
         self._hash_of: dict[int, int] = {}  # block → hash
         self.evictions = 0  # cached blocks wiped to make room
+        self.host = HostTier(host_blocks) if host_blocks else None  # the host tier, where evicted blocks go
 
     # --- counts ----------------------------------------------------------------------------------
     @property
@@ -97,30 +104,36 @@ class BlockManager:
         return hashes
 
     def prefix_hit(self, r: Request) -> list[int]:
-        """The cached blocks ``r`` may reuse: its longest cached prefix, less at least one token."""
+        """The cached blocks ``r`` may reuse: its longest cached prefix, less at least one token — each a GPU
+        block, or ``~host_block`` where only the host tier holds it."""
         if not self.prefix_caching:
             return []
-        hits = []
+        hits, host = [], self.host
         for h in self.block_hashes(r, (len(r.token_ids) - 1) // self.tokens_per_block):
             block = self._by_hash.get(h)
             if block is None:
-                break
+                held = host.lookup(h) if host is not None else None
+                if held is None:
+                    break
+                block = ~held
             hits.append(block)
         return hits
 
     def admission_blocks(self, hits: list[int], reserve_tokens: int, r: Request | None = None) -> int:
         """Free blocks an admission consumes: the new ones (each beam's own too, for a beam request ``r``),
-        and the hits that sat in the LRU pool."""
+        the hits that sat in the LRU pool, and a fresh one for each hit the host tier holds."""
         width, prompt_len = (r.width, r.prompt_len) if r is not None else (1, 0)
         if not hits and width == 1:  # most admissions
             return -(-reserve_tokens // self.tokens_per_block)
         extra = beam_blocks(reserve_tokens, self.tokens_per_block, width, prompt_len, len(hits))
-        return extra + sum(1 for b in hits if b in self._evictable)
+        return extra + sum(1 for b in hits if b < 0 or b in self._evictable)
 
     # --- holding blocks --------------------------------------------------------------------------
-    def admit(self, slot: int, hits: list[int], reserve_tokens: int, width: int = 1, prompt_len: int = 0) -> None:
+    def admit(self, slot: int, hits: list[int], reserve_tokens: int, width: int = 1, prompt_len: int = 0,
+              hashes: list[int] | None = None) -> None:
         """Give an empty slot its cached prefix blocks, then grow it to ``reserve_tokens``; a beam request
-        (``width`` > 1) shares the full blocks of its ``prompt_len`` prompt among its beams."""
+        (``width`` > 1) shares the full blocks of its ``prompt_len`` prompt among its beams. A hit in the host
+        tier (``~host_block``; ``hashes``: the request's chain) is onloaded into a fresh block, registered here."""
         if self.held_blocks.item(slot):
             raise RuntimeError(f"slot {slot} still holds {self.held_blocks[slot]} blocks")
         if width > self.tables.shape[1]:
@@ -128,14 +141,34 @@ class BlockManager:
         if hits:  # (an array write even of nothing costs a microsecond; most admissions have no hits)
             ref = self._ref
             for b in hits:
-                if ref.item(b) == 0:  # it sat in the LRU pool
-                    del self._evictable[b]
-                ref[b] += 1
+                if b >= 0:
+                    if ref.item(b) == 0:  # it sat in the LRU pool
+                        del self._evictable[b]
+                    ref[b] += 1
+            if min(hits) < 0:  # (after the GPU hits are held: an onload's block never evicts one)
+                hits = self._onload(hits, hashes)
             self.tables[slot, :width, :len(hits)] = hits
         self._width[slot] = width
         self._shared[slot] = prompt_len // self.tokens_per_block if width > 1 else 0
         self.held_blocks[slot] = self._hashed[slot] = len(hits)
         self.grow(slot, reserve_tokens)
+
+    def _onload(self, hits: list[int], hashes: list[int] | None) -> list[int]:
+        """``hits`` with each host-tier hit replaced by a fresh GPU block its keys are copied into."""
+        assert self.host is not None and hashes is not None, "a host-tier hit needs the tier and the chain"
+        out, host = list(hits), self.host
+        host.keep([~b for b in hits if b < 0])  # (an offload the allocations below make never overwrites them)
+        for i, b in enumerate(hits):
+            if b < 0:
+                h, block = hashes[i], int(self._allocate(1)[0])
+                host.load(h, block)
+                self._by_hash[h], self._hash_of[block] = block, h
+                out[i] = block
+        return out
+
+    def take_copies(self) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+        """The host tier's copies for the step being launched: (offloads, onloads), both empty without a tier."""
+        return self.host.take_copies() if self.host is not None else ([], [])
 
     def extra_blocks(self, slot: int, num_tokens: int) -> int:
         """Blocks still to take so that ``slot`` can hold ``num_tokens`` tokens (in every beam)."""
@@ -246,7 +279,10 @@ class BlockManager:
             evicted = []
             for _ in range(count - len(blocks)):  # evict the least recently released cached block
                 block, _ = self._evictable.popitem(last=False)
-                del self._by_hash[self._hash_of.pop(block)]
+                h = self._hash_of.pop(block)
+                del self._by_hash[h]
+                if self.host is not None:  # its keys go to the host tier before the block is reused
+                    self.host.store(h, block)
                 self.evictions += 1
                 evicted.append(block)
             blocks = np.concatenate((blocks, np.array(evicted, dtype=np.int64)))

@@ -10,8 +10,14 @@ in ``tests/benchmarks/test_micro.py::test_decode_attention``).
 
 from __future__ import annotations
 
-from strategies.runtime.buffers.memory import DeviceMemory
+from typing import TYPE_CHECKING
+
 from strategies.runtime.models.config import ModelConfig
+
+if TYPE_CHECKING:
+    import torch
+
+    from strategies.runtime.buffers.memory import DeviceMemory
 
 
 class KVCachePool:
@@ -23,3 +29,18 @@ class KVCachePool:
     @property
     def nbytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
+
+
+def gather_blocks(dst: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor) -> None:
+    """Pool blocks ``blocks [n]`` of ``k``, ``v`` ``[L, Hkv, N * T, D]`` into ``dst[:n]`` ``[n, 2, L, Hkv, T, D]``:
+    one device kernel per pool, from the layer-major pool into contiguous blocks (a transfer's staging)."""
+    n, t = len(blocks), dst.shape[4]
+    for i, pool in enumerate((k, v)):
+        dst[:n, i] = pool.unflatten(2, (-1, t)).index_select(2, blocks).movedim(2, 0)  # [n, L, Hkv, T, D]
+
+
+def scatter_blocks(src: torch.Tensor, k: torch.Tensor, v: torch.Tensor, blocks: torch.Tensor) -> None:
+    """The twin of ``gather_blocks``: ``src[:n]`` into pool blocks ``blocks [n]``."""
+    n, t = len(blocks), src.shape[4]
+    for i, pool in enumerate((k, v)):
+        pool.unflatten(2, (-1, t)).index_copy_(2, blocks, src[:n, i].movedim(0, 2))  # [L, Hkv, n, T, D]

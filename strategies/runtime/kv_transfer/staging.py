@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from strategies.runtime.buffers.mirrored import Memory, Mirrored
+from strategies.runtime.kv.pool import gather_blocks, scatter_blocks
 from strategies.runtime.models.config import ModelConfig
 
 if TYPE_CHECKING:
@@ -79,15 +80,9 @@ class KVStaging:
     def gather(self, n: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Blocks ``blocks[:n]`` of the pools ``[L, Hkv, N * T, D]`` into the buffer's device half."""
         self.blocks.upload(n)
-        b = self.blocks.dev[:n]  # [n]
-        t = self.host.shape[4]
-        for i, pool in enumerate((k, v)):
-            self.dev[:n, i] = pool.unflatten(2, (-1, t)).index_select(2, b).movedim(2, 0)  # [n, L, Hkv, T, D]
+        gather_blocks(self.dev, k, v, self.blocks.dev[:n])
 
     def scatter(self, n: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """The buffer's device half's first ``n`` blocks into blocks ``blocks[:n]`` of the pools."""
         self.blocks.upload(n)
-        b = self.blocks.dev[:n]  # [n]
-        t = self.host.shape[4]
-        for i, pool in enumerate((k, v)):
-            pool.unflatten(2, (-1, t)).index_copy_(2, b, self.dev[:n, i].movedim(0, 2))  # [L, Hkv, n, T, D]
+        scatter_blocks(self.dev, k, v, self.blocks.dev[:n])

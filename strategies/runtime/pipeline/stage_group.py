@@ -66,7 +66,7 @@ class PipelineEngine:
     def __init__(self, cfg: ModelConfig, model: torch.nn.Module, clock: Clock, nvtx: Nvtx, *, stages: int,
                  timeout_s: float, threads: int, num_slots: int, max_seq_len: int, max_tokens: int, max_batch: int,
                  num_buffer_sets: int, num_blocks: int, tokens_per_block: int, max_beam: int = 1,
-                 max_drafts: int = 0) -> None:
+                 max_drafts: int = 0, kv_offload_blocks: int = 0) -> None:
         if max_drafts:  # the stages would each need the drafts and the accept step; not built
             raise ValueError("pipeline: speculative decoding is not supported")
         if stages > cfg.num_hidden_layers:
@@ -76,9 +76,11 @@ class PipelineEngine:
         # the families a decoder-only model without speculation keeps (runtime buffers, step I/O); stages hold the
         # device halves of their own (stage_worker.py)
         set_sizes = EngineSizes(num_slots, max_seq_len, max_tokens, max_batch, num_buffer_sets, num_blocks,
-                                tokens_per_block)
+                                tokens_per_block, kv_offload_blocks=kv_offload_blocks)
         self.buffer_sets = build_buffer_sets(cfg, set_sizes, self.memory)
-        n_ints = m.max_ints(max_tokens, max_batch, -(-max_seq_len // tokens_per_block), MAX_STOP_IDS)
+        copies = self.buffer_sets[0].kv_copies
+        n_ints = m.max_ints(max_tokens, max_batch, -(-max_seq_len // tokens_per_block), MAX_STOP_IDS,
+                            copies.capacity if copies is not None else 0)
         self._send = [(torch.zeros(m.HEADER, dtype=torch.int64), torch.zeros(n_ints, dtype=torch.int64),
                        torch.zeros(max_batch * 4)) for _ in range(num_buffer_sets)]
         self._sizes = [(0, 0)] * num_buffer_sets
@@ -91,7 +93,8 @@ class PipelineEngine:
         self.kv_bytes = 2 * num_blocks * tokens_per_block * cfg.num_hidden_layers * cfg.num_key_value_heads \
             * cfg.head_dim * cfg.torch_dtype.itemsize  # all stages' pools together
         sizes = {"num_slots": num_slots, "max_seq_len": max_seq_len, "max_tokens": max_tokens, "max_batch": max_batch,
-                 "num_buffer_sets": num_buffer_sets, "num_blocks": num_blocks, "tokens_per_block": tokens_per_block}
+                 "num_buffer_sets": num_buffer_sets, "num_blocks": num_blocks, "tokens_per_block": tokens_per_block,
+                 "kv_offload_blocks": kv_offload_blocks, "max_copies": copies.capacity if copies is not None else 0}
         full = {k: v.detach().cpu() for k, v in model.state_dict().items()}
         store = dist.TCPStore("127.0.0.1", 0, stages + 1, is_master=True,  # port 0: the OS picks a free one
                               timeout=stage_worker.startup_timeout(timeout_s), wait_for_workers=False)
@@ -113,6 +116,10 @@ class PipelineEngine:
         self._store = store
         self.stream = PipelineStream(clock, nvtx, self)
 
+    @property
+    def kv_block_bytes(self) -> int:
+        return self.cfg.kv_bytes_per_token * self.tokens_per_block
+
     def prepare(self, batch: ScheduledBatch, bufs: BufferSet, block_table: np.ndarray,
                 cross_table: np.ndarray | None = None) -> None:
         bufs.fill_step(StepFill(batch, batch.sampled_requests, block_table, None, self.cfg.eos_token_id))
@@ -125,7 +132,8 @@ class PipelineEngine:
         self.stream.check_ready()
         header, ints, floats = self._send[bufs.index]
         fault = self.stage_fault[::2] if self.stage_fault and self.stage_fault[1] == iteration else (-1, 0)
-        n_ints, n_floats = m.pack(iteration, bufs.index, bufs.runtime, bufs.step, header, ints, floats, fault)
+        n_ints, n_floats = m.pack(iteration, bufs.index, bufs.runtime, bufs.step, header, ints, floats, fault,
+                                  bufs.kv_copies)
         work = DeviceWork(iteration)
         for s in range(self.stages):
             sends = [header, ints[:n_ints]] + ([floats[:n_floats]] if s == self.stages - 1 and n_floats else [])

@@ -23,6 +23,7 @@ from strategies.runtime.buffers.family import MAX_STOP_IDS
 from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.buffers.step_io import ADMIT_INTS
 from strategies.runtime.decoder.state import DecoderState
+from strategies.runtime.kv.host_pool import KVHostPool
 from strategies.runtime.kv.pool import KVCachePool
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.models.llama import script_model
@@ -110,9 +111,12 @@ def _serve(spec: StageSpec) -> None:
     memory = DeviceMemory(torch.device("cpu"), split=False)
     stage_cfg = ModelConfig(**{**cfg.to_dict(), "num_hidden_layers": max(1, spec.layers[1] - spec.layers[0])})
     kv = KVCachePool(stage_cfg, sz["num_blocks"], sz["tokens_per_block"], memory)  # this stage's layers only
+    # the host KV tier's blocks of this stage's layers (each stage moves its own share, as a TP rank would)
+    host = KVHostPool(stage_cfg, sz["kv_offload_blocks"], sz["tokens_per_block"], memory) \
+        if sz["kv_offload_blocks"] else None
     state = DecoderState(sz["num_slots"], MAX_STOP_IDS, memory) if last else None
     max_blocks = -(-sz["max_seq_len"] // sz["tokens_per_block"])
-    n_ints = m.max_ints(sz["max_tokens"], sz["max_batch"], max_blocks, MAX_STOP_IDS)
+    n_ints = m.max_ints(sz["max_tokens"], sz["max_batch"], max_blocks, MAX_STOP_IDS, sz["max_copies"])
     sets = [{"header": torch.zeros(m.HEADER, dtype=torch.int64), "ints": torch.zeros(n_ints, dtype=torch.int64),
              "floats": torch.zeros(sz["max_batch"] * 4), "hidden": torch.zeros(sz["max_tokens"], cfg.hidden_size,
                                                                                dtype=cfg.torch_dtype)}
@@ -144,6 +148,9 @@ def _serve(spec: StageSpec) -> None:
             if not first:
                 pg.recv([hidden], s, 0).wait()  # stage s - 1 is rank s
             times[0] = time.perf_counter()
+            if host is not None and (len(msg.offload) or len(msg.onload)):  # before the forward, as the engine's
+                host.move(msg.offload[:, 0], msg.offload[:, 1].tolist(), msg.onload[:, 0].tolist(), msg.onload[:, 1],
+                          kv.k, kv.v)
             model.step(msg.tokens, msg.block_table, msg.ctx_starts, msg.ctx_lens, msg.ctx_pos0, msg.num_ctx_tokens,
                        msg.gen_kmax, sz["tokens_per_block"], msg.rows, hidden, hidden, kv.k, kv.v, logits)
             times[1] = time.perf_counter()

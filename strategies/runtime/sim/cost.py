@@ -58,6 +58,7 @@ from strategies.runtime.sim.kernels import (
 )
 from strategies.runtime.sim.profile import DeviceProfile
 from strategies.runtime.sim.published.fused_moe import expert_tokens, fused_moe_s
+from strategies.runtime.sim.specs import HOST_LINK_EFFICIENCY
 
 PHASES = ("linear", "attention", "elementwise", "embedding", "lm_head", "communication", "overhead")
 SHAPE_CACHE_SIZE = 1 << 16  # distinct (tokens, samples, encoder tokens) kept; a 70B run at batch 256 sees ~4,000
@@ -255,6 +256,15 @@ class CostModel:
         p = self.profile
         hop = p.allreduce_latency_s + w.tokens * self.spec.hidden_size * self.dtype_bytes / (p.gpu.link_bw * p.link_eff)
         return out, hop
+
+    def host_copy_s(self, blocks: int, tokens_per_block: int, stages: int = 1) -> float:
+        """``blocks`` KV blocks between the GPUs and the host tier: each rank moves its share (its KV heads, its
+        stage's layers) over its own PCIe link, all at once — bytes over the link's achieved bandwidth (a DMA per
+        block, its setup hidden behind the next's transfer)."""
+        s = self.spec
+        kv_heads = max(1, s.num_key_value_heads // self.tp)
+        nbytes = blocks * tokens_per_block * 2 * s.num_hidden_layers * kv_heads * s.head_dim * self.dtype_bytes
+        return nbytes / stages / (self.profile.gpu.host_link_bw * HOST_LINK_EFFICIENCY)
 
     def step_time(self, w: BatchWork) -> float:
         return sum(self.phases(w).values())

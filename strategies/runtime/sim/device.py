@@ -5,6 +5,10 @@ each host phase adds a configured cost. Device time is the cost model's. The dev
 max(launch time, end of the previous step) for the predicted duration, so under overlap the host's
 work for step n+1 falls inside device step n exactly as on a GPU. Waiting for a step moves the clock to
 its end; an idle executor's sleep until the next arrival is a jump, not a wait.
+
+The host KV tier's copies (``COPY_PIECE``) run on a copy engine of their own, as TensorRT-LLM issues them on copy
+streams when it schedules the step: they start when the step is launched (and the copy engine is free), so under
+overlap they run beside the previous step's compute, and the step's compute waits for them to end.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceStream, DeviceWork, Piece
 from strategies.runtime.sim.config import ServingPath
+
+COPY_PIECE = "kv_host_copy"  # the engine's piece that moves blocks between the GPU pool and the host tier
 
 
 class VirtualClock(Clock):
@@ -82,6 +88,17 @@ class SimStream(DeviceStream):
         self.launch_latency_s = launch_latency_s
         self.sync_latency_s = sync_latency_s
         self._free_at = 0.0
+        self._copy_free_at = 0.0  # when the copy engine is done with the copies enqueued so far
+
+    def _copies(self, pieces: list[Piece], durations: dict[str, float], work: DeviceWork, ready: float) -> float:
+        """The step's host-tier copies on the copy engine, from ``ready``: when its compute may start (``ready``
+        with no copies)."""
+        if not pieces or pieces[0][0] != COPY_PIECE:
+            return ready
+        start = max(ready, self._copy_free_at)
+        self._copy_free_at = end = start + durations.get(COPY_PIECE, 0.0)
+        work.times[COPY_PIECE] = (start, end)
+        return end
 
     def _submit(self, work: DeviceWork, pieces: list[Piece]) -> None:
         """The pieces' work (the simulated decoder's numpy rule; no torch op), off the virtual clock; a
@@ -93,11 +110,14 @@ class SimStream(DeviceStream):
             self.clock.resume(t)
 
     def enqueue(self, iteration: int, pieces: list[Piece], durations: dict[str, float] | None = None) -> DeviceWork:
-        start = max(self.clock.now(), self._free_at) + self.launch_latency_s
+        durations = durations or {}
+        ready = self.clock.now() + self.launch_latency_s
         work = super().enqueue(iteration, pieces)
-        t = start
+        t = max(self._copies(pieces, durations, work, ready), self._free_at + self.launch_latency_s)
         for name, *_ in pieces:
-            d = (durations or {}).get(name, 0.0)
+            if name == COPY_PIECE:
+                continue
+            d = durations.get(name, 0.0)
             work.times[name] = (t, t + d)
             t += d
         self._free_at = t
@@ -129,7 +149,7 @@ class SimPipelineStream(SimStream):
                 stage_s: list[float] | None = None, hop_s: float = 0.0) -> DeviceWork:
         work = DeviceStream.enqueue(self, iteration, pieces)
         assert stage_s is not None and durations is not None
-        ready = self.clock.now() + self.launch_latency_s
+        ready = self._copies(pieces, durations, work, self.clock.now() + self.launch_latency_s)
         for s, d in enumerate(stage_s):
             start = max(ready, self._stage_free[s])
             work.stages.append((start, start + d))

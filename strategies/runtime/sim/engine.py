@@ -100,19 +100,33 @@ class SimEngine(Engine):
         """No beams were searched: each returned sequence is the one token per step the device wrote."""
         return [[(r.output_token_ids, 0.0)] * r.sampling.num_return_sequences for r in requests]
 
+    @property
+    def kv_block_bytes(self) -> int:
+        return int(self.cost_model.kv_bytes_per_token) * self.tokens_per_block  # the simulated model's, not the proxy's
+
+    def _copy_s(self, bufs: BufferSet) -> dict[str, float]:
+        """The host KV tier's copies priced over the host link: offloads, then onloads (``kv/host_pool.py``)."""
+        c = bufs.kv_copies
+        if c is None or not c.any:
+            return {}
+        return {"kv_host_copy": self.cost_model.host_copy_s(c.num_offload + c.num_onload, self.tokens_per_block,
+                                                            self.stages)}
+
     def launch(self, iteration: int, bufs: BufferSet) -> DeviceWork:
+        copies = self.copy_pieces(bufs)
         if self.stages > 1:  # pipeline parallelism: the stream times each stage
             stage_s, hop_s = self.cost_model.stage_times(bufs.work, self.stages)
-            durations = {"sample": stage_s[-1] * SAMPLE_FRACTION}
-            return self.stream.enqueue(iteration, [("forward", self._forward, (iteration, bufs)),
+            durations = {"sample": stage_s[-1] * SAMPLE_FRACTION, **self._copy_s(bufs)}
+            return self.stream.enqueue(iteration, [*copies, ("forward", self._forward, (iteration, bufs)),
                                                    ("sample", self._sample, (bufs,))], durations,
                                        stage_s=stage_s, hop_s=hop_s)
         phases = self.cost_model.phases(bufs.work)
         encode = phases.pop("encoder", 0.0)
         total = sum(phases.values()) + self._draft_s(bufs)
-        durations = {"forward": total * (1 - SAMPLE_FRACTION), "sample": total * SAMPLE_FRACTION}
+        durations = {"forward": total * (1 - SAMPLE_FRACTION), "sample": total * SAMPLE_FRACTION, **self._copy_s(bufs)}
         pieces = [("forward", self._forward, (iteration, bufs)), ("sample", self._sample, (bufs,))]
         if encode:
             durations["encode"] = encode
             pieces.insert(0, ("encode", _nothing, ()))
+        pieces[:0] = copies  # (first: the copy engine's, ``sim/device.py``)
         return self.stream.enqueue(iteration, pieces, durations)

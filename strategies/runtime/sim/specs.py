@@ -68,14 +68,25 @@ class GpuSpec:
     # roofline, as on a CPU)
     sms: int = 0
     l2_bytes: float = 0.0  # last-level cache: element-wise kernels slow down past it (0: no such effect)
+    # bytes/s per direction between the GPU and host memory: its PCIe link (generation and width, the datasheet's)
+    host_link_bw: float = float("inf")
+
+
+# PCIe per direction, x16: 16 lanes x the generation's transfer rate x 128b/130b encoding / 8 bits
+PCIE4_X16 = 16 * 16e9 * 128 / 130 / 8  # 31.5 GB/s
+PCIE5_X16 = 16 * 32e9 * 128 / 130 / 8  # 63.0 GB/s
+# Of that, what pinned host<->device copies achieve: NVIDIA's nvbandwidth, host_to_device_memcpy_ce, 55.63 GB/s on
+# a PCIe Gen5 x16 GPU (its published example output; docs/simulator.md, "Host KV tier")
+HOST_LINK_EFFICIENCY = 55.63e9 / PCIE5_X16
 
 
 GPUS: dict[str, GpuSpec] = {
-    "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9, 108, 40e6),
-    "a40": GpuSpec("a40", 149.7e12, 696e9, 48e9, 32e9, 84, 6e6),  # PCIe 4.0 between GPUs (NVLink pairs aside)
-    "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9, 132, 50e6),
-    "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9, 132, 50e6),
-    "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9, 142, 96e6),
+    "a100": GpuSpec("a100", 312e12, 2.039e12, 80e9, 300e9, 108, 40e6, PCIE4_X16),
+    # PCIe 4.0 between GPUs (NVLink pairs aside)
+    "a40": GpuSpec("a40", 149.7e12, 696e9, 48e9, 32e9, 84, 6e6, PCIE4_X16),
+    "h100": GpuSpec("h100", 989e12, 3.35e12, 80e9, 450e9, 132, 50e6, PCIE5_X16),  # SXM5: PCIe Gen5 x16 to the host
+    "h200": GpuSpec("h200", 989e12, 4.8e12, 141e9, 450e9, 132, 50e6, PCIE5_X16),
+    "l40s": GpuSpec("l40s", 362e12, 0.864e12, 48e9, 32e9, 142, 96e6, PCIE4_X16),
     # This machine's CPU as a "device": nominal figures; `slotbench calibrate` fits the efficiencies.
     "cpu": GpuSpec("cpu", 100e9, 20e9, 24e9, float("inf")),
 }
