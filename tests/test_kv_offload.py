@@ -80,7 +80,7 @@ def _prefix_specs(groups: int = 3, per_group: int = 4) -> list:
     """Requests cycling through ``groups`` shared 24-token prefixes: with room for one request and a half, a group's
     blocks are evicted by the others before its next request comes."""
     prefixes = [[50 + 7 * g + i for i in range(24)] for g in range(groups)]
-    return [(prefixes[i % groups] + [300 + i, 301 + i], 6, SamplingParams()) for i in range(groups * per_group)]
+    return [(prefixes[i % groups] + [200 + i, 201 + i], 6, SamplingParams()) for i in range(groups * per_group)]
 
 
 def _config(**kw) -> ExecutorConfig:
@@ -105,6 +105,30 @@ def test_tokens_equal_the_reference_with_the_tier_under_every_strategy(memory):
                 assert sum(rec.kv_offloaded_blocks for rec in s.records) > 0
             else:
                 assert onloaded == 0 and host_hits == 0
+
+
+@pytest.mark.parametrize("name", ["static", "overlap"])
+def test_tokens_equal_transformers_greedy_with_hits_from_the_tier(hf_checkpoint, name):
+    """A Hugging Face checkpoint, prompts sharing prefixes under a pool too small to keep them: with hits served
+    from the host tier, every request's tokens are ``LlamaForCausalLM.generate``'s greedy ones."""
+    import json
+
+    import torch
+
+    from strategies.runtime.models.checkpoint import config_from_hf, load_checkpoint
+    from strategies.runtime.models.llama import script_model
+
+    path, hf_model = hf_checkpoint
+    cfg = config_from_hf(json.loads((path / "config.json").read_text()), dtype="float64")
+    specs = [(p, 6, SamplingParams(ignore_eos=True)) for p, _, _ in _prefix_specs()]
+    reqs = make_requests(specs)
+    run_strategy(name, cfg, script_model(load_checkpoint(path, cfg)), _config(kv_offload_blocks=64), reqs)
+    assert sum(r.host_cached_tokens for r in reqs) > 0
+    for (p, n, _), r in zip(specs, reqs, strict=True):
+        ids = torch.tensor([p])
+        ref = hf_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n,
+                                do_sample=False, pad_token_id=0)
+        assert r.output_token_ids == ref[0, len(p):].tolist(), r.request_id
 
 
 def test_a_tier_whose_onloads_copy_nothing_is_caught_by_the_tokens(monkeypatch):
