@@ -29,6 +29,8 @@ from strategies.runtime.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from harness.serve.spool import Spooled
+
 
 @dataclass
 class StrategyRun:
@@ -43,6 +45,8 @@ class StrategyRun:
     # simulated device, which runs no torch op (and never imports torch)
     tenures: list[SlotTenure] = field(default_factory=list)  # who held which slot when (slots.parquet)
     extras: dict = field(default_factory=dict)  # what the executor adds (an endpoint client: its server's metrics)
+    # a server's: what it wrote away as it went (harness/serve/spool.py), before the lists above
+    spooled: Spooled | None = None
 
 
 def build_requests(trace: list[TraceRequest], defaults: SamplingParams, vocab_size: int, seed: int,

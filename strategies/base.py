@@ -27,7 +27,7 @@ from strategies.runtime.buffers.slots import SlotManager, SlotTenure
 from strategies.runtime.device.clock import Clock
 from strategies.runtime.device.nvtx import Nvtx
 from strategies.runtime.device.stream import DeviceWork
-from strategies.runtime.iteration import IterationRecord
+from strategies.runtime.iteration import IterationRecord, take_done
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.models.config import ModelConfig
 from strategies.runtime.progress import SlotProgress
@@ -138,6 +138,9 @@ class Strategy(Executor):
 
     def slot_tenures(self) -> list[SlotTenure]:
         return self.slots.tenures
+
+    def take_history(self) -> tuple[list[IterationRecord], list[SlotTenure]]:
+        return take_done(self.records), self.slots.take_closed()
 
     def _local_engine(self, sizes: dict, cfg: ModelConfig | None = None, model: torch.nn.Module | None = None) -> tuple:
         """(stream, engine) of a device this process drives, for the strategy's model or a draft model's."""

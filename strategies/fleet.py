@@ -36,6 +36,8 @@ from strategies.runtime.request import Request, Status
 if TYPE_CHECKING:
     import torch
 
+    from strategies.runtime.iteration import IterationRecord
+
 POLL_S = 2e-4  # real devices, several steps in flight: how often the host looks for one that is done
 
 
@@ -88,6 +90,16 @@ class Fleet(Executor):
 
     def extras(self) -> dict:
         return {"faults": self.faults} if self.faults else {}
+
+    def take_history(self) -> tuple[list[IterationRecord], list[SlotTenure]]:
+        records, tenures = [], []
+        for w in self.workers:
+            done, ended = w.take_history()
+            for t in ended:
+                t.worker = w.label
+            records += done
+            tenures += ended
+        return sorted(records, key=lambda rec: rec.schedule_start_s), tenures
 
     def close(self) -> None:
         for w in self.workers:

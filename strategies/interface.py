@@ -80,6 +80,12 @@ class Executor(ABC):
         """What this executor records beyond requests, steps and slots (the run's files name each)."""
         return {}
 
+    def take_history(self) -> tuple[list[IterationRecord], list[SlotTenure]]:
+        """The records of steps that are done and the slot tenures that have ended, handed over and forgotten: a
+        long-running server writes them away as it goes (the engine's thread, between steps). An executor that
+        cannot hands over nothing and keeps all."""
+        return [], []
+
     def abort(self, r: Request, reason: str) -> None:
         """End ``r`` now, failed with ``reason`` (a server's client went away); the engine's thread only."""
         raise NotImplementedError(f"{self.name} cannot abort a request")

@@ -11,7 +11,7 @@ import pandas as pd
 from harness.metrics import engine_metrics, request_metrics
 from harness.options import RunOptions
 from harness.output.io import atomic_write_bytes, atomic_write_json, atomic_write_parquet, atomic_write_text
-from harness.output.records import iterations_frame, requests_frame, slots_frame, tokens_jsonl
+from harness.output.records import iterations_frame, read_tokens, requests_frame, slots_frame, tokens_jsonl
 from harness.output.slices import slices_frame
 from harness.output.timeline import chrome_trace
 from harness.output.vllm_bench import vllm_result
@@ -42,11 +42,21 @@ def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> tuple[d
     it_df = iterations_frame(run.records)
     slots_df = slots_frame(run.tenures)
     tokens = {r.request_id: r.token_times_s for r in run.requests}
+    token_lines = tokens_jsonl(run.requests)
+    if run.spooled is not None:  # a server's: what it wrote away as it went, then what it still held
+        s = run.spooled
+        req_df = pd.concat([s.requests, req_df], ignore_index=True).sort_values("arrival_s", kind="stable")
+        req_df = req_df.reset_index(drop=True)
+        it_df = pd.concat([s.iterations, it_df], ignore_index=True)
+        it_df = it_df.sort_values("schedule_start_s", kind="stable").reset_index(drop=True)
+        slots_df = pd.concat([s.slots, slots_df], ignore_index=True)
+        tokens.update(read_tokens(s.tokens.decode()))
+        token_lines = s.tokens + token_lines
     flat = TokenTimes.of(tokens, req_df["request_id"])  # once, for the metrics, vLLM's file and the report
     atomic_write_parquet(d / "requests.parquet", req_df)
     atomic_write_parquet(d / "iterations.parquet", it_df)
     atomic_write_parquet(d / "slots.parquet", slots_df)
-    atomic_write_bytes(d / "tokens.jsonl", tokens_jsonl(run.requests))
+    atomic_write_bytes(d / "tokens.jsonl", token_lines)
     atomic_write_json(d / "timeline.json", chrome_trace(it_df, run.name), indent=None)
     if opts.slice_duration:
         slices = slices_frame(req_df, tokens, opts.slice_duration, tuple(dict.fromkeys((50, *opts.percentiles))))

@@ -1,25 +1,29 @@
 """A served engine: one strategy's own loop on a thread of its own, fed by the HTTP front end (``LiveSource``),
 and what it served kept for the run directory written at shutdown — the same files as ``slotbench run``, each
-request's arrival the moment it reached the server."""
+request's arrival the moment it reached the server. What has ended is written away as the server goes
+(``spool.py``): it holds the requests that run, and at most ``CHUNK`` that ended, never every one it served."""
 
 from __future__ import annotations
 
 import dataclasses
+import tempfile
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from harness.context_length import resolve_max_seq_len
 from harness.options import RunOptions
 from harness.plan import check_draft_model, load_model, resolve_executor, warm_request
 from harness.runner import StrategyRun, build_requests, executor_class, warm_up
 from harness.serve.live_source import LiveSource, ServerClosing
+from harness.serve.spool import CHUNK, Spool
 from harness.traces.trace import Trace, TraceRequest
 from strategies.interface import Executor, make_clock
 from strategies.runtime.request import Request, Status
 
 
 class ServedEngine:
-    def __init__(self, opts: RunOptions, notify: Callable[[], None]) -> None:
+    def __init__(self, opts: RunOptions, notify: Callable[[], None], spool_dir: Path | None = None) -> None:
         if opts.device == "sim":  # the HTTP path is real here: no modelled serving path on top of it
             opts = dataclasses.replace(opts, serving_path="none")
         self.name = opts.strategies[0]
@@ -37,8 +41,13 @@ class ServedEngine:
         self.strategy: Executor = cls(self.model_cfg, model, self.executor, self.clock)
         self.source = LiveSource(self.clock, self.executor.device == "sim", notify)
         self.source.executor = self.strategy
+        self.source.between_steps = self._write_away
         self.notify = notify
-        self.requests: list[Request] = []  # every request the front end handed in, in arrival order
+        # the requests the front end handed in that are running, or ended since the last part was written away
+        self.requests: list[Request] = []
+        self._lock = threading.Lock()  # ``requests`` is appended on the front end's thread
+        self._spooled_at = 0  # ``source.ended`` when the last part was written away
+        self.spool = Spool(spool_dir or Path(tempfile.mkdtemp(prefix="slotbench-serve-")))
         self.error: str | None = None  # why the engine stopped before the shutdown, if it did
         self.wall_s = 0.0
         self._thread = threading.Thread(target=self._serve, name="slotbench-engine", daemon=True)
@@ -53,9 +62,21 @@ class ServedEngine:
 
     def submit(self, r: Request) -> None:
         """Hand ``r`` to the engine (its arrival: now). Raises ``ServerClosing`` after ``stop``."""
-        self.source.submit(r)
-        self.requests.append(r)
+        with self._lock:
+            self.source.submit(r)
+            self.requests.append(r)
 
+    def _write_away(self) -> None:
+        """Between steps (the engine's thread): once ``CHUNK`` requests have ended, they, the records of the steps
+        that are done and the slot tenures that have ended go to the spool; the engine keeps only what runs."""
+        if self.source.ended - self._spooled_at < CHUNK:
+            return
+        self._spooled_at = self.source.ended
+        with self._lock:
+            ended = [r for r in self.requests if r.status.terminal]
+            self.requests = [r for r in self.requests if not r.status.terminal]
+        records, tenures = self.strategy.take_history()
+        self.spool.put(ended, records, tenures)
     def _serve(self) -> None:
         try:
             self.strategy.run(self.source)
@@ -78,13 +99,15 @@ class ServedEngine:
         self.source.close()
         self._thread.join()
         self.strategy.close()
+        self.spooled = self.spool.close()
         return StrategyRun(self.name, list(self.requests), self.strategy.records, self.wall_s, self.error,
-                           interrupted=self.error is None, tenures=self.strategy.slot_tenures())
+                           interrupted=self.error is None, tenures=self.strategy.slot_tenures(), spooled=self.spooled)
 
     def trace(self) -> Trace:
-        """The requests served, as a trace (run.json's ``trace``)."""
-        requests = tuple(TraceRequest(r.arrival_s, r.prompt_len, r.max_new_tokens) for r in self.requests)
-        return Trace(requests, "served", "http")
+        """The requests served, as a trace (run.json's ``trace``), in arrival order: once stopped."""
+        held = [TraceRequest(r.arrival_s, r.prompt_len, r.max_new_tokens) for r in self.requests]
+        requests = sorted([*self.spooled.trace, *held], key=lambda t: t.arrival_s)
+        return Trace(tuple(requests), "served", "http")
 
     def run_options(self) -> RunOptions:
         """The options a run directory records: the strategy served, its limits resolved."""

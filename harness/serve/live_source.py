@@ -33,6 +33,8 @@ class LiveSource:
         self.paced = paced  # the simulated device: hold its virtual clock to the wall clock
         self.notify = notify  # the front end: new tokens or ends to look at (called on the engine's thread)
         self.executor: Executor | None = None  # set before the loop runs: aborts are its to carry out
+        self.between_steps: Callable[[], None] = _nothing  # the served engine's, at each poll (its thread)
+        self.ended = 0  # requests the engine has ended (finished, failed, aborted) so far
         self.t0 = time.perf_counter()
         self._cond = threading.Condition()
         self._arrived: deque[Request] = deque()
@@ -69,6 +71,7 @@ class LiveSource:
 
     # --- RequestSource (the engine's thread) ---------------------------------------------------------
     def poll(self, now_s: float) -> list[Request]:
+        self.between_steps()
         ahead = now_s - self.now_s() if self.paced else 0.0
         if ahead > 0:
             # The virtual clock waits for the wall clock, stopped: the wait is no host work. Were its measured host
@@ -113,3 +116,8 @@ class LiveSource:
     def on_finished(self, request: Request) -> None:
         """(The front end learns of it at the next ``poll``: after the pacing, so that no client hears of an end
         before the server's clock reaches it.)"""
+        self.ended += 1
+
+
+def _nothing() -> None:
+    pass

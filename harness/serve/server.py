@@ -62,7 +62,8 @@ async def _serve(fe: FrontEnd, engine: ServedEngine, host: str, port: int, out: 
     _write(out, engine, run)
     if run.error:
         print(f"slotbench serve: error: the engine stopped: {run.error}", file=sys.stderr)
-    print(f"wrote {out}/ ({len(run.requests)} requests served)", file=sys.stderr)
+    served = len(run.requests) + (len(run.spooled.requests) if run.spooled is not None else 0)
+    print(f"wrote {out}/ ({served} requests served)", file=sys.stderr)
     return 1 if run.error else 0
 
 

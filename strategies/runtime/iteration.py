@@ -102,3 +102,14 @@ class IterationRecord:
 
 
 ITERATION_COLUMNS = [f.name for f in fields(IterationRecord)]
+
+
+def take_done(records: list[IterationRecord]) -> list[IterationRecord]:
+    """The leading records of ``records`` whose steps are done (postprocessed: no field changes any more), taken
+    out of the list in place (it may be a recorder's) — what a long-running server writes away as it goes."""
+    n = 0
+    while n < len(records) and records[n].postprocess_end_s == records[n].postprocess_end_s:  # (not NaN)
+        n += 1
+    out = records[:n]
+    del records[:n]
+    return out

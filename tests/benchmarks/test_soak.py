@@ -73,3 +73,46 @@ def test_soak_5000_requests(name):
     assert after - before < 50
     assert counter.count <= setup.count  # every one at construction: none per iteration
     assert np.isfinite(run.wall_s)
+
+
+def test_served_soak_20000_requests(tmp_path):
+    """``slotbench serve`` (a simulated Llama-3.2-1B) answering 20,000 streamed requests from ``run --endpoint``: its
+    resident memory, sampled every 0.5 s, stays within 10% of where it stood after the first 10% of the requests
+    (warm-up), because what has ended is written away as it goes (harness/serve/spool.py)."""
+    import time
+
+    from tests.test_serve import Server
+    from tests.util import cli
+
+    server = Server(tmp_path, "--device", "sim", "--model-spec", "llama-3.2-1b", "--gpu", "h100",
+                    "--max-batch-size", "256")
+    samples: list[tuple[float, float]] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        t0 = time.monotonic()
+        while not stop.is_set():
+            with open(f"/proc/{server.proc.pid}/status") as f:
+                rss = next(int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:"))
+            samples.append((time.monotonic() - t0, rss))
+            stop.wait(0.5)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        p = cli("run", "--endpoint", f"{server.url}/v1", "--model", "tiny", "--num-prompts", "20000",
+                "--request-rate", "400", "--input-len", "64", "--output-len", "16", "--ignore-eos", "--warmup", "0",
+                "--no-progress", "--out", str(tmp_path / "client"), timeout=1800)
+        assert p.returncode == 0, p.stderr
+    finally:
+        stop.set()
+        sampler.join()
+        code, err = server.stop()
+    assert code == 0, err
+    t = np.array([s[0] for s in samples])
+    rss = np.array([s[1] for s in samples])
+    warm = rss[t >= t[-1] * 0.1][0]
+    every = ", ".join(f"{x:.0f}" for x in rss[:: max(1, len(rss) // 10)])
+    print(f"\nserved RSS (MB) every ~{t[-1] / 10:.0f} s: {every}; after warm-up {warm:.0f}, peak {rss.max():.0f}, "
+          f"last {rss[-1]:.0f}, over {t[-1]:.0f} s")
+    assert rss[t >= t[-1] * 0.1].max() <= 1.10 * warm

@@ -79,6 +79,13 @@ class SlotManager:
         self._owner[slot] = None
         self._free.append(slot)
 
+    def take_closed(self) -> list[SlotTenure]:
+        """The tenures that have ended, taken out of ``tenures`` (the held ones stay, in admission order)."""
+        held = {id(t) for t in self._open if t is not None}
+        out = [t for t in self.tenures if id(t) not in held]
+        self.tenures = [t for t in self.tenures if id(t) in held]
+        return out
+
     def close_open(self, last_iteration: int) -> None:
         """The run stopped: tenures still held end at ``last_iteration``, marked running."""
         for tenure in self._open:
