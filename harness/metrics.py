@@ -146,8 +146,11 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
     rows = it["num_context_requests"] + it["num_generation_requests"]
     host = ((it["schedule_end_s"] - it["schedule_start_s"]) + (it["prepare_end_s"] - it["prepare_start_s"])
             + (it["postprocess_end_s"] - it["postprocess_start_s"]))
-    # the device's step starts with its encode piece where there is one (encoder–decoder models)
+    # the device's step starts with its encode piece where there is one (encoder–decoder models), or the host KV
+    # tier's copies (which the step's compute waits for)
     start = it["encode_start_s"].fillna(it["forward_start_s"]) if "encode_start_s" in it else it["forward_start_s"]
+    if "kv_host_copy_start_s" in it:
+        start = it["kv_host_copy_start_s"].fillna(start)
     busy = (it["sample_end_s"] - start).sum()
     span = it["sample_end_s"].max() - start.min()
     tokens = it["num_tokens"].sum()
@@ -176,23 +179,22 @@ def engine_metrics(iterations: pd.DataFrame, max_batch_size: int) -> dict[str, f
     if "spec_drafts" in it and it["spec_drafts"].sum() > 0:
         out.update(spec_metrics(it))
     if "host_kv_blocks_total" in it and it["host_kv_blocks_total"].any():  # the host KV tier
-        out.update(host_tier_metrics(it, start))
+        out.update(host_tier_metrics(it))
     if "encode_start_s" in it and it["encode_start_s"].notna().any():  # encoder–decoder models
         encode = (it["encode_end_s"] - it["encode_start_s"]).dropna()
         out["encode_ms_per_iteration"] = float(encode.sum() / len(it) * 1e3)
     return out
 
 
-def host_tier_metrics(it: pd.DataFrame, start: pd.Series) -> dict:
-    """The host KV tier: blocks and bytes copied each way, and the seconds steps' compute waited for the copies —
-    from the copies' start, or from the previous step's end where that was later (on the simulated device they
-    run on a copy engine beside the previous step, per worker)."""
+def host_tier_metrics(it: pd.DataFrame) -> dict:
+    """The host KV tier: blocks and bytes copied each way, the seconds of the copy pieces — which every engine here
+    waits for before the step's compute, as TensorRT-LLM's does (NaN where the copies were not timed apart: the
+    CPU pipeline's stages make them inside their forward) — and the largest worker's peak occupancy."""
     out = {name: int(it[name].sum()) for name in ("kv_offloaded_blocks", "kv_onloaded_blocks", "kv_offloaded_bytes",
                                                    "kv_onloaded_bytes")}
-    prev_end = it.groupby("worker")["sample_end_s"].shift() if "worker" in it else it["sample_end_s"].shift()
-    copied = it["kv_host_copy_end_s"].notna()
-    free = np.fmax(it["kv_host_copy_start_s"], prev_end.fillna(-np.inf))
-    out["kv_host_copy_wait_s"] = float((start[copied] - free[copied]).clip(lower=0).sum())
+    copy_s = (it["kv_host_copy_end_s"] - it["kv_host_copy_start_s"]).dropna()
+    moved = (it["kv_offloaded_blocks"] + it["kv_onloaded_blocks"]).sum() > 0
+    out["kv_host_copy_wait_s"] = float(copy_s.sum()) if len(copy_s) or not moved else float("nan")
     out["host_kv_blocks_peak"] = int(it["host_kv_blocks_used"].max())
     return out
 

@@ -10,10 +10,9 @@ leaving this same step.
 
 The piece runs on the engine's stream ahead of the step's forward, so every copy is ordered after the steps
 before it (which may still write an evicted block's last keys) and before this step's reads and writes.
-TensorRT-LLM issues the same copies on copy streams of their own and makes the compute stream wait for
-them; with blocks released while a step is in flight (overlap), that needs per-block events, which this
-code does not keep. On the simulated device the copies are priced on a copy engine of their own
-(``sim/device.py``), as TensorRT-LLM runs them. The same code runs on CUDA, on the CPU device (shared or
+TensorRT-LLM issues the same copies on copy streams of their own, but only after syncing them with the compute
+stream, and makes the step's kernels wait for them: the same order. The simulated device prices them on a copy
+engine with that order (``sim/device.py``). The same code runs on CUDA, on the CPU device (shared or
 split memory) and in a CPU device process.
 """
 

@@ -6,9 +6,10 @@ max(launch time, end of the previous step) for the predicted duration, so under 
 work for step n+1 falls inside device step n exactly as on a GPU. Waiting for a step moves the clock to
 its end; an idle executor's sleep until the next arrival is a jump, not a wait.
 
-The host KV tier's copies (``COPY_PIECE``) run on a copy engine of their own, as TensorRT-LLM issues them on copy
-streams when it schedules the step: they start when the step is launched (and the copy engine is free), so under
-overlap they run beside the previous step's compute, and the step's compute waits for them to end.
+The host KV tier's copies (``COPY_PIECE``) run on a copy engine of their own, as TensorRT-LLM's copy streams do —
+and, as there, only once the work before them is done (its ``prepare_resources`` syncs the transfer manager with
+the compute stream before it launches offloads and onboards: an evicted block may still be written by the step
+before), and the step's compute waits for them to end. So a step's copies are never hidden behind compute.
 """
 
 from __future__ import annotations
@@ -90,12 +91,13 @@ class SimStream(DeviceStream):
         self._free_at = 0.0
         self._copy_free_at = 0.0  # when the copy engine is done with the copies enqueued so far
 
-    def _copies(self, pieces: list[Piece], durations: dict[str, float], work: DeviceWork, ready: float) -> float:
-        """The step's host-tier copies on the copy engine, from ``ready``: when its compute may start (``ready``
-        with no copies)."""
+    def _copies(self, pieces: list[Piece], durations: dict[str, float], work: DeviceWork, ready: float,
+                busy_until: float) -> float:
+        """The step's host-tier copies on the copy engine, from ``ready`` once the compute before them is done
+        (``busy_until``): when its compute may start (``ready`` with no copies)."""
         if not pieces or pieces[0][0] != COPY_PIECE:
             return ready
-        start = max(ready, self._copy_free_at)
+        start = max(ready, busy_until + self.launch_latency_s, self._copy_free_at)
         self._copy_free_at = end = start + durations.get(COPY_PIECE, 0.0)
         work.times[COPY_PIECE] = (start, end)
         return end
@@ -113,7 +115,7 @@ class SimStream(DeviceStream):
         durations = durations or {}
         ready = self.clock.now() + self.launch_latency_s
         work = super().enqueue(iteration, pieces)
-        t = max(self._copies(pieces, durations, work, ready), self._free_at + self.launch_latency_s)
+        t = max(self._copies(pieces, durations, work, ready, self._free_at), self._free_at + self.launch_latency_s)
         for name, *_ in pieces:
             if name == COPY_PIECE:
                 continue
@@ -149,7 +151,7 @@ class SimPipelineStream(SimStream):
                 stage_s: list[float] | None = None, hop_s: float = 0.0) -> DeviceWork:
         work = DeviceStream.enqueue(self, iteration, pieces)
         assert stage_s is not None and durations is not None
-        ready = self._copies(pieces, durations, work, self.clock.now() + self.launch_latency_s)
+        ready = self._copies(pieces, durations, work, self.clock.now() + self.launch_latency_s, self._stage_free[0])
         for s, d in enumerate(stage_s):
             start = max(ready, self._stage_free[s])
             work.stages.append((start, start + d))
