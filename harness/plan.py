@@ -57,7 +57,7 @@ def resolve_plan(opts: RunOptions, log: Callable[[str], None]) -> Plan:
     opts = resolve_max_seq_len(opts, model_cfg)
     check_encoder_inputs(opts, model_cfg, trace)
     check_draft_model(opts, model_cfg)
-    executor, sim_info = resolve_executor(opts)
+    executor, sim_info = resolve_executor(opts, model_cfg)
     defaults = opts.sampling_defaults()
     if executor.speculative is not None and model_cfg.is_encoder_decoder:
         raise UserError("--speculative-config: an encoder–decoder model does not speculate here")
@@ -136,11 +136,11 @@ def load_model(opts: RunOptions) -> tuple:
     return cfg, (script_model(model) if opts.compile else model)
 
 
-def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
+def resolve_executor(opts: RunOptions, model_cfg: ModelConfig) -> tuple[ExecutorConfig, dict | None]:
     """The executor config; on the simulated device, KV capacity comes from GPU memory minus weights."""
     executor = opts.executor_config()
     if executor.sim is None:
-        return executor, None
+        return _host_tier(opts, executor, model_cfg.kv_bytes_per_token), None
     from strategies.runtime.sim.build import cost_model
 
     try:
@@ -163,11 +163,27 @@ def resolve_executor(opts: RunOptions) -> tuple[ExecutorConfig, dict | None]:
             raise UserError(f"{executor.sim.model_spec} does not fit on {executor.sim.tp} x {cost.profile.gpu.name}: "
                             f"weights {cost.weight_bytes / 1e9:.0f} GB leave no room for KV (try a larger --tp)")
         executor = dataclasses.replace(executor, kv_blocks=blocks)
+    executor = _host_tier(opts, executor, cost.kv_bytes_per_token)
     info = {"kv_capacity_tokens": capacity, "weight_bytes": cost.weight_bytes,
             "kv_bytes": (executor.total_kv_blocks + (executor.total_cross_kv_blocks if cost.spec.is_encoder_decoder
                                                      else 0)) * executor.tokens_per_block * cost.kv_bytes_per_token,
             "kv_bytes_per_token": cost.kv_bytes_per_token, "profile": dataclasses.asdict(cost.profile)}
     return executor, info
+
+
+def _host_tier(opts: RunOptions, executor: ExecutorConfig, kv_bytes_per_token: float) -> ExecutorConfig:
+    """``--kv-offloading-size`` GiB as host-tier blocks of the model's (every rank's) KV bytes, as vLLM sizes it."""
+    if opts.kv_offloading_size is None:
+        return executor
+    if opts.kv_offload_blocks:
+        raise UserError("--kv-offloading-size and --kv-offload-blocks size the same tier: give one")
+    if not opts.kv_offloading_size > 0:
+        raise UserError(f"--kv-offloading-size must be positive, got {opts.kv_offloading_size:g}")
+    blocks = int(opts.kv_offloading_size * 2**30 // (kv_bytes_per_token * executor.tokens_per_block))
+    try:
+        return dataclasses.replace(executor, kv_offload_blocks=max(1, blocks))
+    except ValueError as exc:
+        raise UserError(str(exc).replace("--kv-offload-blocks", "--kv-offloading-size")) from None
 
 
 def check_encoder_inputs(opts: RunOptions, model_cfg: ModelConfig, trace: Trace) -> None:

@@ -262,3 +262,18 @@ def test_served_metrics_count_the_tiers_hits_as_vllm_counts_its_connectors():
     assert on["vllm:prefix_cache_queries_total"] == 48 and on["vllm:prefix_cache_hits_total"] == 16
     assert on["vllm:external_prefix_cache_queries_total"] == 32 and on["vllm:external_prefix_cache_hits_total"] == 16
     assert not any(k.startswith("vllm:external") for k in values[False])
+
+
+def test_the_tier_sized_in_gib_as_vllm_sizes_it(tmp_path):
+    """``--kv-offloading-size`` (vLLM's option, GiB over every rank): Llama-3-8B's KV is 128 KiB a token (32 layers,
+    8 KV heads of 128, keys and values in bf16), so 1 GiB holds 512 blocks of 16 tokens."""
+    import json
+
+    out = tmp_path / "g"
+    p = cli("run", "--device", "sim", "--model-spec", "llama-3-8b", "--num-prompts", "4", "--prefix-caching",
+            "--kv-offloading-size", "1", "--strategies", "inflight", "--no-progress", "--out", str(out))
+    assert p.returncode == 0, p.stderr
+    assert json.loads((out / "run.json").read_text())["executor"]["kv_offload_blocks"] == 512
+    p = cli("run", "--device", "sim", "--model-spec", "llama-3-8b", "--num-prompts", "4", "--prefix-caching",
+            "--kv-offloading-size", "1", "--kv-offload-blocks", "8", "--no-progress", "--out", str(tmp_path / "h"))
+    assert p.returncode != 0 and "give one" in p.stderr and "Traceback" not in p.stderr

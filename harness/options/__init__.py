@@ -103,6 +103,7 @@ class RunOptions(EndpointOptions, DisaggOptions):
     prefix_caching: bool = _opt(False, "reuse cached KV blocks of equal prefixes across requests")
     kv_offload_blocks: int = _opt(0, "host KV tier: blocks of host memory that cached blocks the KV pool evicts go "
                                      "to, onloaded again on a prefix hit (needs --prefix-caching; 0: none)")
+    kv_offloading_size: float | None = _opt(None, "the host KV tier in GiB instead, as vLLM sizes it (all TP ranks')")
     kv_watermark: float = _opt(0.01, "max-utilization: fraction of KV blocks kept free while requests run")
     temperature: float = _opt(0.0, "sampling temperature (0: greedy)")
     top_k: int = _opt(0, "top-k (0: off)")

@@ -30,7 +30,7 @@ class ServedEngine:
         self.model_cfg, model = load_model(opts)
         self.opts = opts = resolve_max_seq_len(opts, self.model_cfg)
         check_draft_model(opts, self.model_cfg)
-        self.executor, self.sim_info = resolve_executor(opts)
+        self.executor, self.sim_info = resolve_executor(opts, self.model_cfg)
         cls = executor_class(self.name, self.executor)
         if opts.warmup:  # (as `slotbench run` warms up, with requests of the options' lengths)
             warm = [warm_request(TraceRequest(0.0, opts.input_len, opts.output_len), opts.max_seq_len)]

@@ -31,7 +31,7 @@ def test_simulated_iterations_per_second(benchmark, case):
     opts, max_s_per_iteration = CASES[case]
     trace = make_trace(opts)
     model_cfg, model = load_model(opts)
-    executor, _ = resolve_executor(resolve_max_seq_len(opts, model_cfg))
+    executor, _ = resolve_executor(resolve_max_seq_len(opts, model_cfg), model_cfg)
 
     def run():
         reqs = build_requests(list(trace.requests), SamplingParams(ignore_eos=opts.ignore_eos), model_cfg.vocab_size, 0)
