@@ -1,10 +1,12 @@
 """The OpenAI-compatible front end of ``slotbench serve`` (aiohttp): ``POST /v1/completions`` and
 ``/v1/chat/completions`` (streamed as server-sent events or not), ``GET /v1/models``, ``/health``, ``/metrics``.
 
-Each request becomes one ``Request`` of the served engine. The engine's thread calls ``notify`` between its
-steps: the front end then hands each stream the tokens its request received since (the tokens a step handed
-out together are one event, as vLLM streams them) and its end. A client that goes away has its request aborted
-(slot and blocks given back). Errors use vLLM's shape and status: ``{"error": {"message", "type", "param",
+Each request becomes one ``Request`` of the served engine, which runs in a process of its own
+(``engine_process.py``); the front end keeps a copy of each, which the engine client (``engine_client.py``) brings
+up to date as the engine publishes its steps, then calls ``notify``: the front end hands each stream the tokens its
+request received since (the tokens a step handed out together are one event, as vLLM streams them) and its end.
+A client that goes away has its request aborted (slot and blocks given back). A request the engine can never serve
+(its ``rejection``) is a 400. Errors use vLLM's shape and status: ``{"error": {"message", "type", "param",
 "code"}}`` — 400 for a malformed body, a prompt over the context or ``max_tokens`` < 1; 404 for an unknown model
 (vLLM's NotFoundError); 503 while shutting down or after an engine fault.
 """
@@ -21,8 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 from aiohttp import web
 
-from harness.serve.engine import ServedEngine
-from harness.serve.live_source import ServerClosing
+from harness.serve.engine_client import EngineClient
+from harness.serve.engine_process import SHUTTING_DOWN
 from harness.serve.metrics import ServerMetrics
 from harness.serve.tokenizer import IncrementalText, Tokenizer
 from strategies.runtime.request import Request, Status
@@ -50,7 +52,7 @@ class _Track:
 
 
 class FrontEnd:
-    def __init__(self, engine: ServedEngine, tokenizer: Tokenizer | None, model_names: list[str]) -> None:
+    def __init__(self, engine: EngineClient, tokenizer: Tokenizer | None, model_names: list[str]) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_name = model_names[0]  # a response's ``model``; a request may name any of them (vLLM's)
@@ -70,10 +72,17 @@ class FrontEnd:
                         web.get("/metrics", self.prometheus)])
         return app
 
-    # --- the engine's thread ----------------------------------------------------------------------
+    # --- the engine client's thread --------------------------------------------------------------
+    def replied(self, r: Request, reason: str | None) -> None:
+        """The engine took ``r`` (``reason`` None) or refused it: to its handler, before any of its tokens."""
+        with self._lock:
+            tr = self._active.get(r)
+        if tr is not None and self.loop is not None:
+            self.loop.call_soon_threadsafe(tr.queue.put_nowait, ("reply", reason))
+
     def notify(self) -> None:
-        """New tokens and ends, to each request's handler (called between the engine's steps)."""
-        self.metrics.engine_state(self.engine.strategy)
+        """New tokens and ends, to each request's handler (called as the engine publishes a step)."""
+        self.metrics.engine_state(*self.engine.state)
         with self._lock:
             items = list(self._active.items())
         loop = self.loop
@@ -130,19 +139,23 @@ class FrontEnd:
         tr = _Track()
         with self._lock:
             self._active[r] = tr
-        try:
-            self.engine.submit(r)
-        except ServerClosing:
+        self.engine.submit(r)
+        kind, reason = await tr.queue.get()  # the engine's reply comes before any token
+        if kind != "reply" or reason is not None:  # refused (or the engine died before it answered)
             with self._lock:
                 self._active.pop(r, None)
-            return error("the server is shutting down", 503, "ServiceUnavailableError")
+            if kind != "reply":
+                return error(f"engine stopped: {self.engine.error}", 503, "ServiceUnavailableError")
+            if reason == SHUTTING_DOWN:
+                return error(reason, 503, "ServiceUnavailableError")
+            return error(reason, 400, "BadRequestError")
         try:
             if opts["stream"]:
                 return await self._stream(request, r, tr, chat, opts)
             return await self._whole(r, tr, chat, opts)
         finally:  # the client went away (a cancelled handler, a failed write): the request ends here too
             if not r.status.terminal:
-                self.engine.source.abort(r, "aborted: the client disconnected")
+                self.engine.abort(r, "aborted: the client disconnected")
 
     def _request(self, body: dict, chat: bool) -> tuple[Request, dict]:
         model = body.get("model", self.model_name)
@@ -189,9 +202,6 @@ class FrontEnd:
         except (TypeError, ValueError) as exc:
             raise BadRequest(f"sampling parameters: {exc}") from None
         r = Request(f"{'chatcmpl' if chat else 'cmpl'}-{n}", np.asarray(ids, dtype=np.int64), max_tokens, sampling)
-        reason = self.engine.strategy.rejection(r)
-        if reason is not None:
-            raise BadRequest(reason)
         usage = bool((body.get("stream_options") or {}).get("include_usage", False))
         return r, {"stream": bool(body.get("stream", False)), "usage": usage,
                    "skip_special_tokens": bool(body.get("skip_special_tokens", True)),

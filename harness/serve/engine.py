@@ -6,14 +6,17 @@ request's arrival the moment it reached the server. What has ended is written aw
 from __future__ import annotations
 
 import dataclasses
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from harness.app import staging_dir, write_run
 from harness.context_length import resolve_max_seq_len
+from harness.measure import Measured
 from harness.options import RunOptions
-from harness.plan import check_draft_model, load_model, resolve_executor, warm_request
+from harness.plan import Plan, check_draft_model, load_model, resolve_executor, warm_request
 from harness.runner import StrategyRun, build_requests, executor_class, warm_up
 from harness.serve.live_source import LiveSource, ServerClosing
 from harness.serve.spool import CHUNK, Spool
@@ -59,6 +62,10 @@ class ServedEngine:
     @property
     def alive(self) -> bool:
         return self._thread.is_alive()
+
+    def wait(self) -> None:
+        """Until the engine's loop has stopped (a fault, or ``stop``)."""
+        self._thread.join()
 
     def submit(self, r: Request) -> None:
         """Hand ``r`` to the engine (its arrival: now). Raises ``ServerClosing`` after ``stop``."""
@@ -112,3 +119,16 @@ class ServedEngine:
     def run_options(self) -> RunOptions:
         """The options a run directory records: the strategy served, its limits resolved."""
         return dataclasses.replace(self.opts, strategies=(self.name,))
+
+
+def write_served(out: Path, engine: ServedEngine, run: StrategyRun) -> int:
+    """The same files as ``slotbench run`` writes, for the one strategy served (the engine's process); the
+    number of requests served."""
+    opts = engine.run_options()
+    plan = Plan(opts, engine.trace(), engine.model_cfg, None, engine.executor, engine.sim_info,
+                opts.sampling_defaults(), [])
+    staging = staging_dir(out)
+    measured = Measured()
+    measured.add(staging, run, opts)
+    write_run(staging, out, plan, measured, True, lambda msg: print(msg, file=sys.stderr))
+    return len(run.requests) + (len(run.spooled.requests) if run.spooled is not None else 0)

@@ -1,5 +1,5 @@
 """``/metrics``: Prometheus text with vLLM's metric names and meanings (vllm/v1/metrics/loggers.py), kept by the
-engine's thread as requests stream and end, read by the front end's.
+front end's engine client as the engine process publishes each step, read by its event loop.
 
 Gauges ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc`` (0-1) are the
 engine's state at its last step. Counters: ``vllm:prompt_tokens`` (prompts computed: counted at a request's first
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from strategies.interface import Executor
 from strategies.runtime.request import Request, Status
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -27,10 +26,6 @@ TPOT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1
 LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
                    480.0, 960.0, 1920.0, 7680.0)
 LABELS = ("model_name", "engine")
-
-
-def _workers(executor: Executor) -> list:
-    return list(getattr(executor, "workers", [executor]))
 
 
 class ServerMetrics:
@@ -69,12 +64,12 @@ class ServerMetrics:
         self.queue = make(Histogram, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase "
                           "for request.", buckets=LATENCY_BUCKETS)
 
-    # --- the engine's thread ----------------------------------------------------------------------
-    def engine_state(self, executor: Executor) -> None:
-        workers = _workers(executor)
-        self.running.set(sum(len(w.running) for w in workers))
-        self.waiting.set(sum(len(w.waiting) for w in workers))
-        self.kv_usage.set(sum(w.kv.blocks_in_use for w in workers) / (sum(w.kv.total_blocks for w in workers) or 1))
+    # --- the engine client's thread (each step the engine publishes) -----------------------------
+    def engine_state(self, running: int, waiting: int, kv_usage: float) -> None:
+        """The engine's state at its last step (``engine_process.py`` reads it there)."""
+        self.running.set(running)
+        self.waiting.set(waiting)
+        self.kv_usage.set(kv_usage)
 
     def tokens(self, r: Request, first: bool, times: list[float], previous_s: float | None) -> None:
         """``r`` streamed ``len(times)`` new tokens (one chunk per distinct time); ``first``: its first ones."""
