@@ -58,7 +58,7 @@ def model_dir(tmp_path_factory) -> Path:
 def test_aiperf_with_the_models_path_as_its_name_against_the_servers_records(aiperf, model_dir, tmp_path):
     """20 streamed completions, 4 at a time, 32 prompt tokens and 16 out: every one succeeds under the name AIPerf
     takes from ``-m``; the server counts them with AIPerf's prompt length (its tokenizer adds BOS once, as vLLM's),
-    AIPerf reads the server's usage, and its TTFT and latency sit at or above the server's own."""
+    AIPerf reads the server's usage, and its TTFT and each HTTP exchange's time sit at or above the server's own."""
     server = Server(tmp_path, "--model", str(model_dir), "--strategy", "inflight", "--max-batch-size", "8")
     art = tmp_path / "aiperf"
     try:
@@ -82,7 +82,10 @@ def test_aiperf_with_the_models_path_as_its_name_against_the_servers_records(aip
     served = served[served["request_id"].str.startswith("cmpl-")]
     assert len(served) == 20 and (served["status"] == "finished").all() and (served["output_tokens"] == 16).all()
     assert (served["input_tokens"] == 32).all()
+    # AIPerf's TTFT and latency end at a response with text: this random model's tokens are often ones that decode
+    # to none (special, unknown), so its latency may end before the server's last token; the whole HTTP exchange
+    # (http_req_duration) holds every token
     aiperf_ttft = pd.Series([r["time_to_first_token"]["value"] for r in records])
-    aiperf_latency = pd.Series([r["request_latency"]["value"] for r in records])
-    assert aiperf_ttft.median() >= served["ttft_ms"].median()
-    assert aiperf_latency.median() >= served["e2el_ms"].median()
+    http = pd.Series([r["http_req_duration"]["value"] for r in records])
+    assert aiperf_ttft.min() >= served["ttft_ms"].min() and aiperf_ttft.median() >= served["ttft_ms"].median()
+    assert http.min() >= served["e2el_ms"].min() and http.median() >= served["e2el_ms"].median()
