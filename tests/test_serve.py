@@ -38,11 +38,13 @@ def _free_port() -> int:
 class Server:
     """``slotbench serve ARGS`` on a free port, up once /health answers."""
 
-    def __init__(self, tmp: Path, *args: str) -> None:
+    def __init__(self, tmp: Path, *args: str, session: bool = False) -> None:
         self.port, self.out = _free_port(), tmp / "served"
         self.url = f"http://127.0.0.1:{self.port}"
+        # ``session``: a process group of its own, as a terminal's job is (a Ctrl-C reaches every process in it)
         self.proc = subprocess.Popen([sys.executable, "-m", "harness.cli", "serve", *args, "--port", str(self.port),
-                                      "--out", str(self.out), "--warmup", "1"], stderr=subprocess.PIPE, text=True)
+                                      "--out", str(self.out), "--warmup", "1"], stderr=subprocess.PIPE, text=True,
+                                     start_new_session=session)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.proc.stderr.read()
@@ -322,6 +324,38 @@ def test_the_engine_core_runs_apart_from_the_front_end_so_served_tpot_is_the_run
     assert len(served) == 1 + 256  # the client's probe, then the trace
     ratio = served["tpot_ms"].median() / run["tpot_ms"].median()
     assert ratio < 1.2, (served["tpot_ms"].median(), run["tpot_ms"].median())
+
+
+def test_a_ctrl_c_to_the_servers_process_group_writes_its_run(tmp_path):
+    """A terminal's Ctrl-C reaches the front end and the engine's process alike: the engine waits for the front end
+    to stop it, and the run directory is written."""
+    import os
+
+    server = Server(tmp_path, *SIM, "--strategy", "inflight", session=True)
+    status, _ = server.post("/v1/completions", json.dumps({"model": "tiny", "prompt": [5, 6, 7],
+                                                            "max_tokens": 4}).encode())
+    assert status == 200
+    os.killpg(server.proc.pid, signal.SIGINT)
+    code, err = server.stop()
+    assert code == 0, err
+    served = pd.read_parquet(server.out / "inflight" / "requests.parquet")
+    assert (served["request_id"] == "cmpl-0").any() and "wrote" in err
+
+
+def test_an_engine_that_died_is_a_503_at_once_and_the_server_exits_1(tmp_path):
+    """The engine's process killed outright: a request that comes after is answered 503 (it never waits for an
+    engine that will not answer), and the server stops with exit status 1, writing no run it does not have."""
+    import os
+
+    server = Server(tmp_path, *SIM, "--strategy", "inflight")
+    engine = child_pids(server.proc, "spawn_main", 1)
+    os.kill(engine[0], signal.SIGKILL)
+    t = time.monotonic()
+    status, body = server.post("/v1/completions", json.dumps({"model": "tiny", "prompt": [5, 6, 7],
+                                                              "max_tokens": 4}).encode())
+    assert status == 503 and time.monotonic() - t < 10, body
+    code, err = server.stop()
+    assert code == 1 and "the engine" in err and "wrote" not in err, err
 
 
 def test_a_server_that_is_down_is_one_line_and_exit_2(tmp_path):

@@ -80,3 +80,54 @@ def test_steps_in_flight_and_fleets_are_written_away_whole(tmp_path, monkeypatch
     assert it["postprocess_end_s"].notna().all()
     assert len(run.spooled.requests) + len(run.requests) == n
     assert run.spooled.slots["worker"].ne("").all() if strategy == "disagg" else True
+
+
+@pytest.mark.parametrize("written_away", ["nothing", "everything"])
+def test_the_run_directory_has_the_runs_column_types_whatever_was_written_away(tmp_path, monkeypatch, written_away):
+    """A server's requests.parquet and iterations.parquet have ``slotbench run``'s types (NaN-able floats stay floats,
+    counts stay ints) whether none, or all, of what it served was written away before the end."""
+    import pyarrow.parquet as pq
+
+    from harness.output.strategy_dir import write_strategy
+
+    monkeypatch.setattr("harness.serve.engine.CHUNK", 8 if written_away == "everything" else 10**9)
+    engine, run, _ = _serve(16, tmp_path)
+    assert (len(run.spooled.requests) > 0) == (written_away == "everything")
+    write_strategy(tmp_path / "out", run, engine.run_options())
+    d = tmp_path / "out" / "inflight"
+    requests, iterations = pq.read_schema(d / "requests.parquet"), pq.read_schema(d / "iterations.parquet")
+    for column in ("failed_s", "kv_ready_s", "prefill_first_token_s"):
+        assert str(requests.field(column).type) == "double", column
+    for column in ("num_tokens", "kv_blocks_used", "preemptions"):
+        assert str(iterations.field(column).type) == "int64", column
+
+
+def test_a_part_the_spool_cannot_write_stays_in_memory_whole(tmp_path, monkeypatch):
+    """A full disk, say: the part is kept as it was handed over and goes into the run directory all the same."""
+    import numpy as np
+
+    from harness.serve.spool import Spool
+    from strategies.runtime.request import Request
+
+    spool = Spool(tmp_path / "s")
+    calls = []
+
+    def failing(requests):
+        calls.append(len(requests))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("harness.serve.spool.tokens_jsonl", failing)
+    r = Request("a", np.array([1, 2, 3]), 2)
+    spool.put([r], [], [])
+    s = spool.close()
+    assert calls == [1] and s.unwritten[0] == [r] and "No space left" in s.error and len(s.requests) == 0
+    assert not (tmp_path / "s").exists()
+
+
+def test_the_newest_record_is_never_written_away():
+    """The next launch still writes ``waited_before_next_launch`` into the newest record."""
+    from strategies.runtime.iteration import IterationRecord, take_done
+
+    records = [IterationRecord(i, postprocess_end_s=float(i)) for i in range(3)]
+    taken = take_done(records)
+    assert [r.iteration for r in taken] == [0, 1] and [r.iteration for r in records] == [2]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import orjson
 import pandas as pd
 
 from harness.metrics import engine_metrics, request_metrics
@@ -18,6 +20,9 @@ from harness.output.vllm_bench import vllm_result
 from harness.runner import StrategyRun
 from reports.run_data import StrategyFrames
 from reports.token_times import TokenTimes
+
+if TYPE_CHECKING:
+    from harness.serve.spool import Spooled
 
 
 def summary_row(run: StrategyRun, req_df: pd.DataFrame, it_df: pd.DataFrame, tokens: TokenTimes,
@@ -44,14 +49,8 @@ def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> tuple[d
     tokens = {r.request_id: r.token_times_s for r in run.requests}
     token_lines = tokens_jsonl(run.requests)
     if run.spooled is not None:  # a server's: what it wrote away as it went, then what it still held
-        s = run.spooled
-        req_df = pd.concat([s.requests, req_df], ignore_index=True).sort_values("arrival_s", kind="stable")
-        req_df = req_df.reset_index(drop=True)
-        it_df = pd.concat([s.iterations, it_df], ignore_index=True)
-        it_df = it_df.sort_values("schedule_start_s", kind="stable").reset_index(drop=True)
-        slots_df = pd.concat([s.slots, slots_df], ignore_index=True)
-        tokens.update(read_tokens(s.tokens.decode()))
-        token_lines = s.tokens + token_lines
+        req_df, it_df, slots_df, token_lines = _merge_spooled(run.spooled, req_df, it_df, slots_df, token_lines)
+        tokens.update(read_tokens(run.spooled.tokens.decode()))
     flat = TokenTimes.of(tokens, req_df["request_id"])  # once, for the metrics, vLLM's file and the report
     atomic_write_parquet(d / "requests.parquet", req_df)
     atomic_write_parquet(d / "iterations.parquet", it_df)
@@ -70,3 +69,26 @@ def write_strategy(staging: Path, run: StrategyRun, opts: RunOptions) -> tuple[d
     result = vllm_result(run.name, model, req_df, flat, row, dataclasses.asdict(opts))
     atomic_write_json(d / "vllm_bench.json", result, indent=None)
     return row, StrategyFrames(req_df, it_df, slots_df, flat)
+
+
+def _merge_spooled(s: Spooled, req_df: pd.DataFrame, it_df: pd.DataFrame, slots_df: pd.DataFrame,
+                   token_lines: bytes) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, bytes]:
+    """A server's records written away and those it still held, in a run's order: requests by arrival (tokens.jsonl
+    in the same order), steps by schedule, slot tenures by first step within each worker. Empty frames are left out
+    of each concatenation: their untyped columns would turn the others' ints to floats and floats to nulls."""
+
+    def concat(a: pd.DataFrame, b: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+        parts = [f for f in (a, b) if len(f)]
+        if len(parts) < 2:
+            return parts[0] if parts else b
+        return pd.concat(parts, ignore_index=True).sort_values(by, kind="stable").reset_index(drop=True)
+
+    req_df = concat(s.requests, req_df, ["arrival_s"])
+    it_df = concat(s.iterations, it_df, ["schedule_start_s"])
+    slots_df = concat(s.slots.assign(_order=0), slots_df.assign(_order=0), ["_order"])
+    workers = list(dict.fromkeys(slots_df["worker"].tolist()))  # (a fleet's workers in their order)
+    slots_df = slots_df.assign(_order=slots_df["worker"].map(workers.index)).sort_values(
+        ["_order", "start_iteration"], kind="stable").drop(columns="_order").reset_index(drop=True)
+    lines = {orjson.loads(line)["request_id"]: line for line in (s.tokens + token_lines).splitlines()}
+    token_lines = b"".join(lines[rid] + b"\n" for rid in req_df["request_id"].tolist() if rid in lines)
+    return req_df, it_df, slots_df, token_lines

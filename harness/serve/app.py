@@ -73,12 +73,13 @@ class FrontEnd:
         return app
 
     # --- the engine client's thread --------------------------------------------------------------
-    def replied(self, r: Request, reason: str | None) -> None:
-        """The engine took ``r`` (``reason`` None) or refused it: to its handler, before any of its tokens."""
+    def replied(self, r: Request, reason: str | None, status: int) -> None:
+        """The engine took ``r`` (``reason`` None) or refused it (why, and the status to answer): to its handler,
+        before any of its tokens."""
         with self._lock:
             tr = self._active.get(r)
         if tr is not None and self.loop is not None:
-            self.loop.call_soon_threadsafe(tr.queue.put_nowait, ("reply", reason))
+            self.loop.call_soon_threadsafe(tr.queue.put_nowait, ("reply", (reason, status)))
 
     def notify(self) -> None:
         """New tokens and ends, to each request's handler (called as the engine publishes a step)."""
@@ -140,21 +141,20 @@ class FrontEnd:
         with self._lock:
             self._active[r] = tr
         self.engine.submit(r)
-        kind, reason = await tr.queue.get()  # the engine's reply comes before any token
-        if kind != "reply" or reason is not None:  # refused (or the engine died before it answered)
-            with self._lock:
-                self._active.pop(r, None)
-            if kind != "reply":
-                return error(f"engine stopped: {self.engine.error}", 503, "ServiceUnavailableError")
-            if reason == SHUTTING_DOWN:
-                return error(reason, 503, "ServiceUnavailableError")
-            return error(reason, 400, "BadRequestError")
+        taken, kind = False, None
         try:
+            kind, answer = await tr.queue.get()  # the engine's answer comes before any token
+            reason, status = answer if kind == "reply" else (self.engine.error or SHUTTING_DOWN, 503)
+            if reason is not None:  # it can never be served here (400), or the engine stopped taking requests
+                with self._lock:
+                    self._active.pop(r, None)
+                return error(reason, status, "BadRequestError" if status == 400 else "ServiceUnavailableError")
+            taken = True
             if opts["stream"]:
                 return await self._stream(request, r, tr, chat, opts)
             return await self._whole(r, tr, chat, opts)
         finally:  # the client went away (a cancelled handler, a failed write): the request ends here too
-            if not r.status.terminal:
+            if not r.status.terminal and (taken or kind is None):
                 self.engine.abort(r, "aborted: the client disconnected")
 
     def _request(self, body: dict, chat: bool) -> tuple[Request, dict]:

@@ -92,13 +92,15 @@ class ServedEngine:
         except Exception as exc:  # an engine fault: the requests it held fail, the front end answers 503
             self.error = f"{type(exc).__name__}: {exc}"
         finally:
+            self.source.close()  # (after a fault: no more arrivals that would never run)
             self.wall_s = self.clock.now()
             reason = self.error or "the server shut down"
-            for r in self.requests:
-                if not r.status.terminal:
-                    r.end(Status.FAILED, reason, self.wall_s)
-                    if r.slot is not None:
-                        r.leave_slot()
+            with self._lock:
+                for r in self.requests:
+                    if not r.status.terminal:
+                        r.end(Status.FAILED, reason, self.wall_s)
+                        if r.slot is not None:
+                            r.leave_slot()
             self.notify()
 
     def stop(self) -> StrategyRun:
@@ -106,13 +108,19 @@ class ServedEngine:
         self.source.close()
         self._thread.join()
         self.strategy.close()
-        self.spooled = self.spool.close()
-        return StrategyRun(self.name, list(self.requests), self.strategy.records, self.wall_s, self.error,
-                           interrupted=self.error is None, tenures=self.strategy.slot_tenures(), spooled=self.spooled)
+        self.spooled = s = self.spool.close()
+        if s.error is not None:  # (what it could not write away is in the run directory all the same)
+            print(f"slotbench serve: writing away ended requests failed ({s.error}): kept them in memory",
+                  file=sys.stderr)
+        requests, records, tenures = s.unwritten
+        return StrategyRun(self.name, [*requests, *self.requests], [*records, *self.strategy.records], self.wall_s,
+                           self.error, interrupted=self.error is None,
+                           tenures=[*tenures, *self.strategy.slot_tenures()], spooled=s)
 
     def trace(self) -> Trace:
         """The requests served, as a trace (run.json's ``trace``), in arrival order: once stopped."""
-        held = [TraceRequest(r.arrival_s, r.prompt_len, r.max_new_tokens) for r in self.requests]
+        held = [TraceRequest(r.arrival_s, r.prompt_len, r.max_new_tokens)
+                for r in (*self.spooled.unwritten[0], *self.requests)]
         requests = sorted([*self.spooled.trace, *held], key=lambda t: t.arrival_s)
         return Trace(tuple(requests), "served", "http")
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from harness.errors import UserError
 from harness.options import RunOptions
-from harness.serve.engine_process import engine_main
+from harness.serve.engine_process import SHUTTING_DOWN, engine_main, spool_dir
 from strategies.config import ExecutorConfig
 from strategies.runtime.request import Request, Status
 
@@ -24,11 +25,16 @@ class EngineClient:
     def __init__(self, opts: RunOptions, out: Path) -> None:
         self.name = opts.strategies[0]
         self.notify: Callable[[], None] = lambda: None  # the front end's, once it exists
-        self.replied: Callable[[Request, str | None], None] = lambda r, reason: None  # accepted (None) or refused
+        # the engine's answer to a submit: (request, None, 200) taken; (request, why, 400) it can never be served;
+        # (request, why, 503) the engine stopped taking requests
+        self.replied: Callable[[Request, str | None, int], None] = lambda r, reason, status: None
         self.state = (0, 0, 0.0)  # running, waiting, KV usage at the engine's last step
         self.error: str | None = None  # why the engine's loop stopped, if it did
         self.stopped: tuple[str | None, int] | None = None  # (error, requests served) once it wrote the run
+        self._spool = spool_dir(out)
         self._requests: dict[str, Request] = {}  # submitted and not ended: the front end's copies
+        self._lock = threading.Lock()  # ``_requests`` and whether submits still go out (the reader's end, ``stop``)
+        self._stopping = False
         self._done = threading.Event()
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
@@ -37,7 +43,7 @@ class EngineClient:
         self.proc.start()
         child.close()
         if not self._conn.poll(START_TIMEOUT_S):
-            self.proc.kill()
+            self.kill()
             raise UserError("the engine process did not start")
         msg = self._receive()
         if msg is None or msg[0] == "failed":
@@ -46,7 +52,6 @@ class EngineClient:
         _, self.opts, self.executor, self.vocab_size = msg
         self.opts: RunOptions
         self.executor: ExecutorConfig
-        self._send_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="slotbench-engine-client", daemon=True)
         self._reader.start()
 
@@ -55,22 +60,36 @@ class EngineClient:
         return self.error is None and self.proc.is_alive() and not self._done.is_set()
 
     def submit(self, r: Request) -> None:
-        """Send ``r`` to the engine; its acceptance comes back through ``replied``."""
-        self._requests[r.request_id] = r
-        self._send(("submit", r.request_id, r.prompt_token_ids.tolist(), r.max_new_tokens, r.sampling))
+        """Send ``r`` to the engine; its answer comes back through ``replied`` (at once, refused, when the engine is
+        gone or stopping)."""
+        with self._lock:  # (so that no submit goes out after ``stop``, nor is missed by the reader's end)
+            refusal = self.error or (SHUTTING_DOWN if self._stopping or self._done.is_set() else None)
+            if refusal is None:
+                self._requests[r.request_id] = r
+                self._send(("submit", r.request_id, r.prompt_token_ids.tolist(), r.max_new_tokens, r.sampling))
+        if refusal is not None:
+            self.replied(r, refusal, 503)
 
     def abort(self, r: Request, reason: str) -> None:
         self._send(("abort", r.request_id, reason))
 
     def stop(self) -> tuple[str | None, int]:
         """Stop the engine: its requests end, it writes the run directory; (its error, requests served)."""
-        self._send(("stop",))
+        with self._lock:
+            self._stopping = True
+            self._send(("stop",))
         self._done.wait()
         self.proc.join()
         return self.stopped if self.stopped is not None else (self.error or "the engine process died", 0)
 
+    def kill(self) -> None:
+        """Stop the engine process without a run directory (the server could not start listening)."""
+        self.proc.kill()
+        self.proc.join()
+        shutil.rmtree(self._spool, ignore_errors=True)
+
     def _send(self, msg: tuple) -> None:
-        with self._send_lock, contextlib.suppress(OSError):  # (the engine is gone: the reader says so)
+        with contextlib.suppress(OSError):  # (the engine is gone: the reader says so)
             self._conn.send(msg)
 
     def _receive(self) -> tuple | None:
@@ -80,45 +99,53 @@ class EngineClient:
             return None
 
     def _read(self) -> None:
-        while (msg := self._receive()) is not None:
-            kind = msg[0]
-            if kind == "step":
-                self._apply(msg[1])
-                self.state = msg[2]
-                self.notify()
-            elif kind in ("accepted", "rejected"):
-                r = self._requests.get(msg[1])
-                if r is None:
-                    continue
+        try:
+            while (msg := self._receive()) is not None:
+                if self._handle(msg):
+                    break
+        except Exception as exc:  # (a bug here must not leave the handlers and ``stop`` waiting forever)
+            self.error = f"the engine client failed: {type(exc).__name__}: {exc}"
+        finally:
+            if self.error is None and self.stopped is None:
+                self.proc.join(5)
+                self.error = f"the engine process exited (code {self.proc.exitcode})"
+            if self.stopped is None:
+                shutil.rmtree(self._spool, ignore_errors=True)
+            with self._lock:
+                for r in self._requests.values():  # (it stopped before it could end them)
+                    if not r.status.terminal:
+                        r.status, r.finish_reason = Status.FAILED, self.error or "the engine stopped"
+                self._requests.clear()
+                self._done.set()
+            self.notify()
+
+    def _handle(self, msg: tuple) -> bool:
+        """One message of the engine's; True for its last."""
+        kind = msg[0]
+        if kind == "step":
+            self._apply(msg[1])
+            self.state = msg[2]
+            self.notify()
+        elif kind in ("accepted", "rejected", "refused"):
+            with self._lock:
+                r = self._requests.get(msg[1]) if kind == "accepted" else self._requests.pop(msg[1], None)
+            if r is not None:
                 if kind == "accepted":
                     r.arrival_s = msg[2]
-                else:
-                    del self._requests[msg[1]]
-                self.replied(r, None if kind == "accepted" else msg[2])
-            elif kind == "died":
-                self.error = msg[1]
-                self.notify()
-            elif kind == "stopped":
-                self.stopped = (msg[1], msg[2])
-                break
-        if self.error is None and self.stopped is None:
-            self.proc.join(5)
-            self.error = f"the engine process exited (code {self.proc.exitcode})"
-        for r in list(self._requests.values()):  # (it died before it could end them)
-            if not r.status.terminal:
-                r.status, r.finish_reason = Status.FAILED, self.error or "the engine stopped"
-        self._requests.clear()
-        self._done.set()
-        self.notify()
-
-    def kill(self) -> None:
-        """Stop the engine process without a run directory (the server could not start listening)."""
-        self.proc.kill()
-        self.proc.join()
+                status = {"accepted": 200, "rejected": 400}.get(kind, 503)
+                self.replied(r, None if kind == "accepted" else msg[2], status)
+        elif kind == "died":
+            self.error = msg[1]
+            self.notify()
+        elif kind == "stopped":
+            self.stopped = (msg[1], msg[2])
+            return True
+        return False
 
     def _apply(self, updates: list) -> None:
         for rid, tokens, times, status, reason, admitted_s, cached, host_cached, preemptions in updates:
-            r = self._requests.get(rid)
+            with self._lock:
+                r = self._requests.get(rid) if status is None else self._requests.pop(rid, None)
             if r is None:
                 continue
             for token, t in zip(tokens, times, strict=True):
@@ -127,4 +154,3 @@ class EngineClient:
                                                                                   preemptions)
             if status is not None:
                 r.status, r.finish_reason = Status(status), reason
-                del self._requests[rid]

@@ -8,18 +8,23 @@ The front end's process (``engine_client.py``) and this one speak over a pipe, i
 - front end → engine: ``("submit", request_id, prompt ids, max new tokens, sampling)``, ``("abort", request_id,
   reason)``, ``("stop",)``;
 - engine → front end: ``("ready", options resolved, executor config, vocabulary size)`` or ``("failed", message)``
-  once; per submit ``("accepted", request_id, arrival_s)`` or ``("rejected", request_id, reason)``; between steps
+  once; per submit ``("accepted", request_id, arrival_s)``, ``("rejected", request_id, reason)`` (it can never be
+  served: a 400) or ``("refused", request_id, reason)`` (the engine stopped taking requests: a 503); between steps
   ``("step", updates, state)`` — each request's new tokens and times since the last, its end where it ended — and
   the engine's running, waiting and KV usage; ``("died", error)`` if the loop stopped on a fault; and last
   ``("stopped", error, requests served)`` once the run directory is written.
 
-The engine process exits when its pipe closes: a front end killed outright takes it along.
+The engine process exits when its pipe closes: a front end killed outright takes it along. It ignores SIGINT and
+SIGTERM (a terminal's Ctrl-C reaches the whole process group): the front end tells it to stop, and it writes the
+run directory first.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+import shutil
+import signal
 import sys
 import threading
 from collections.abc import Callable
@@ -34,6 +39,11 @@ from strategies.runtime.progress import OUTPUTS, PROMPT
 from strategies.runtime.request import Request
 
 SHUTTING_DOWN = "the server is shutting down"  # the engine's refusal once it stops taking requests
+
+
+def spool_dir(out: Path) -> Path:
+    """Where the engine writes away what has ended (``spool.py``), beside the run directory it will write."""
+    return out.with_name(f".{out.name}.spool")
 # An update of one request: (request id, new tokens, their times, status value or None while it runs, finish reason,
 # admitted_s, cached tokens, of them the host tier's, preemptions)
 Update = tuple[str, list[int], list[float], str | None, str | None, float | None, int, int, int]
@@ -50,6 +60,7 @@ class Publisher:
         self.active: dict[str, tuple[Request, list[int]]] = {}  # request id → (request, [tokens published])
         self.engine = None  # set once the engine exists
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._last_state: tuple | None = None
         self._thread = threading.Thread(target=self._send_loop, name="slotbench-engine-output", daemon=True)
         self._thread.start()
 
@@ -69,15 +80,19 @@ class Publisher:
                 else:
                     p = book.counters.item(row, PROMPT)
                     tokens = book.tokens[row, p + s:p + n].tolist()
-                times = book.times[row, s:n].tolist()
-            sent[0] = n
+                times = book.times[row, s:n].tolist()[:len(tokens)]
+                n = s + len(tokens)
+            sent[0] = max(n, s)  # (a preempted beam search starts over: what was streamed stays streamed)
             end = (r.status.value, r.finish_reason) if terminal else (None, None)
             updates.append((rid, tokens, times, *end, r.admitted_s, r.cached_tokens, r.host_cached_tokens,
                             r.preemptions))
             if terminal:
                 del self.active[rid]
         engine = self.engine
-        self._queue.put(("step", updates, _state(engine.strategy) if engine is not None else (0, 0, 0.0)))
+        state = _state(engine.strategy) if engine is not None else (0, 0, 0.0)
+        if updates or state != self._last_state:  # (an idle engine polls ~500 times a second: nothing to say)
+            self._last_state = state
+            self._queue.put(("step", updates, state))
 
     def put(self, msg: tuple) -> None:
         """A message after the steps published so far."""
@@ -105,6 +120,8 @@ def engine_main(conn: Connection, opts: RunOptions, out: Path) -> None:
     from harness.serve.engine import ServedEngine, write_served
     from harness.serve.live_source import ServerClosing
 
+    for sig in (signal.SIGINT, signal.SIGTERM):  # (the front end stops it: it writes the run first)
+        signal.signal(sig, signal.SIG_IGN)
     lock = threading.Lock()
 
     def send(msg: tuple) -> None:
@@ -113,7 +130,7 @@ def engine_main(conn: Connection, opts: RunOptions, out: Path) -> None:
 
     publisher = Publisher(send, opts.strategies[0] == "disagg")
     try:
-        engine = ServedEngine(opts, notify=publisher.notify)
+        engine = ServedEngine(opts, notify=publisher.notify, spool_dir=spool_dir(out))
     except UserError as exc:
         send(("failed", str(exc)))
         return
@@ -128,6 +145,7 @@ def engine_main(conn: Connection, opts: RunOptions, out: Path) -> None:
         try:
             msg = conn.recv()
         except (EOFError, OSError):  # the front end is gone: nobody to serve, nothing to write for
+            shutil.rmtree(spool_dir(out), ignore_errors=True)
             os._exit(0)
         if msg[0] == "stop":
             break
@@ -145,8 +163,8 @@ def engine_main(conn: Connection, opts: RunOptions, out: Path) -> None:
                 continue
             try:
                 engine.submit(r)
-            except ServerClosing:
-                conn.send(("rejected", rid, SHUTTING_DOWN))
+            except ServerClosing:  # (the loop stopped on a fault: the front end hears of it next)
+                conn.send(("refused", rid, engine.error or SHUTTING_DOWN))
                 continue
             publisher.active[rid] = (r, [0])
             conn.send(("accepted", rid, r.arrival_s))

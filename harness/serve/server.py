@@ -58,5 +58,6 @@ async def _serve(fe: FrontEnd, engine: EngineClient, host: str, port: int, out: 
     await runner.cleanup()
     if error:
         print(f"slotbench serve: error: the engine stopped: {error}", file=sys.stderr)
-    print(f"wrote {out}/ ({served} requests served)", file=sys.stderr)
+    if engine.stopped is not None:  # (it wrote the run directory before it said so)
+        print(f"wrote {out}/ ({served} requests served)", file=sys.stderr)
     return 1 if error else 0

@@ -39,6 +39,9 @@ class Spooled:
     slots: pd.DataFrame
     tokens: bytes  # tokens.jsonl lines
     trace: list[TraceRequest]  # (arrival, prompt, max new tokens) of each request, as run.json's trace counts them
+    # parts the writer could not write (a full disk, say), kept as they were handed over, and why
+    unwritten: tuple[list[Request], list[IterationRecord], list[SlotTenure]] = ((), (), ())  # type: ignore[assignment]
+    error: str | None = None
 
 
 class Spool:
@@ -46,7 +49,8 @@ class Spool:
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
         self.parts = 0  # parts handed to the writer
-        self.error: BaseException | None = None  # the writer's failure, raised by ``close``
+        self.error: BaseException | None = None  # the writer's last failure: its part is kept in memory instead
+        self._unwritten: tuple[list, list, list] = ([], [], [])
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._write_loop, name="slotbench-spool", daemon=True)
         self._thread.start()
@@ -58,25 +62,27 @@ class Spool:
 
     def _write_loop(self) -> None:
         while (item := self._queue.get()) is not None:
-            if self.error is not None:
-                continue
             part, requests, records, tenures = item
             try:
                 rows = requests_frame(requests).assign(max_new_tokens=[r.max_new_tokens for r in requests])
-                rows.to_parquet(self.dir / f"requests-{part:06d}.parquet")
+                files = {f"requests-{part:06d}.parquet": rows, f"iterations-{part:06d}.parquet":
+                         iterations_frame(records), f"slots-{part:06d}.parquet": slots_frame(tenures)}
                 (self.dir / f"tokens-{part:06d}.jsonl").write_bytes(tokens_jsonl(requests))
-                iterations_frame(records).to_parquet(self.dir / f"iterations-{part:06d}.parquet")
-                slots_frame(tenures).to_parquet(self.dir / f"slots-{part:06d}.parquet")
-            except BaseException as exc:  # (kept for ``close``: the server writes what it still holds)
+                for name, frame in files.items():
+                    frame.to_parquet(self.dir / name)
+            except Exception as exc:  # the part stays in memory, whole (none of its files is read back)
                 self.error = exc
+                for kind in ("requests", "iterations", "slots", "tokens"):
+                    (self.dir / f"{kind}-{part:06d}.{'jsonl' if kind == 'tokens' else 'parquet'}").unlink(
+                        missing_ok=True)
+                for kept, objects in zip(self._unwritten, (requests, records, tenures), strict=True):
+                    kept.extend(objects)
 
     def close(self) -> Spooled:
         """Every part written, read back, and the directory removed."""
         self._queue.put(None)
         self._thread.join()
         try:
-            if self.error is not None:
-                raise RuntimeError(f"the server's spool failed: {self.error}") from self.error
             frames = {kind: [pd.read_parquet(p) for p in sorted(self.dir.glob(f"{kind}-*.parquet"))]
                       for kind in ("requests", "iterations", "slots")}
             tokens = b"".join(p.read_bytes() for p in sorted(self.dir.glob("tokens-*.jsonl")))
@@ -94,4 +100,6 @@ class Spool:
         req = merged["requests"]
         trace = [TraceRequest(a, n, m) for a, n, m in zip(req["arrival_s"].tolist(), req["input_tokens"].tolist(),
                                                            req["max_new_tokens"].tolist(), strict=True)]
-        return Spooled(req.drop(columns="max_new_tokens"), merged["iterations"], merged["slots"], tokens, trace)
+        error = f"{type(self.error).__name__}: {self.error}" if self.error is not None else None
+        return Spooled(req.drop(columns="max_new_tokens"), merged["iterations"], merged["slots"], tokens, trace,
+                       self._unwritten, error)

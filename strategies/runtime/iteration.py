@@ -105,10 +105,11 @@ ITERATION_COLUMNS = [f.name for f in fields(IterationRecord)]
 
 
 def take_done(records: list[IterationRecord]) -> list[IterationRecord]:
-    """The leading records of ``records`` whose steps are done (postprocessed: no field changes any more), taken
-    out of the list in place (it may be a recorder's) — what a long-running server writes away as it goes."""
+    """The leading records of ``records`` whose steps are done (postprocessed) and no longer change, taken out of the
+    list in place (it may be a recorder's) — what a long-running server writes away as it goes. Never the newest:
+    the next launch still writes its ``waited_before_next_launch``."""
     n = 0
-    while n < len(records) and records[n].postprocess_end_s == records[n].postprocess_end_s:  # (not NaN)
+    while n < len(records) - 1 and records[n].postprocess_end_s == records[n].postprocess_end_s:  # (not NaN)
         n += 1
     out = records[:n]
     del records[:n]
