@@ -77,23 +77,28 @@ def test_soak_5000_requests(name):
 
 def test_served_soak_20000_requests(tmp_path):
     """``slotbench serve`` (a simulated Llama-3.2-1B) answering 20,000 streamed requests from ``run --endpoint``: its
-    resident memory, sampled every 0.5 s, stays within 10% of where it stood after the first 10% of the requests
-    (warm-up), because what has ended is written away as it goes (harness/serve/spool.py)."""
+    resident memory (the front end's process and the engine's together), sampled every 0.5 s, stays within 10% of
+    where it stood after the first 10% of the requests (warm-up), because what has ended is written away as it goes
+    (harness/serve/spool.py)."""
     import time
 
     from tests.test_serve import Server
-    from tests.util import cli
+    from tests.util import child_pids, cli
 
     server = Server(tmp_path, "--device", "sim", "--model-spec", "llama-3.2-1b", "--gpu", "h100",
                     "--max-batch-size", "256")
     samples: list[tuple[float, float]] = []
     stop = threading.Event()
 
+    engine = child_pids(server.proc, "spawn_main", 1)
+
     def sample() -> None:
         t0 = time.monotonic()
         while not stop.is_set():
-            with open(f"/proc/{server.proc.pid}/status") as f:
-                rss = next(int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:"))
+            rss = 0.0
+            for pid in (server.proc.pid, *engine):
+                with open(f"/proc/{pid}/status") as f:
+                    rss += next(int(x.split()[1]) / 1024 for x in f if x.startswith("VmRSS:"))
             samples.append((time.monotonic() - t0, rss))
             stop.wait(0.5)
 
