@@ -1,7 +1,8 @@
-"""A served engine: one strategy's own loop on a thread of its own, fed by the HTTP front end (``LiveSource``),
-and what it served kept for the run directory written at shutdown — the same files as ``slotbench run``, each
-request's arrival the moment it reached the server. What has ended is written away as the server goes
-(``spool.py``): it holds the requests that run, and at most ``CHUNK`` that ended, never every one it served."""
+"""A served engine: one strategy's own loop on a thread of its own in the engine's process (``engine_process.py``),
+fed by the HTTP front end's requests (``LiveSource``), and what it served kept for the run directory written at
+shutdown — the same files as ``slotbench run``, each request's arrival the moment it reached the server. What has
+ended is written away as the server goes (``spool.py``): it holds the requests that run, and at most ``CHUNK`` that
+ended, never every one it served."""
 
 from __future__ import annotations
 
@@ -84,6 +85,7 @@ class ServedEngine:
             self.requests = [r for r in self.requests if not r.status.terminal]
         records, tenures = self.strategy.take_history()
         self.spool.put(ended, records, tenures)
+
     def _serve(self) -> None:
         try:
             self.strategy.run(self.source)

@@ -44,6 +44,8 @@ SHUTTING_DOWN = "the server is shutting down"  # the engine's refusal once it st
 def spool_dir(out: Path) -> Path:
     """Where the engine writes away what has ended (``spool.py``), beside the run directory it will write."""
     return out.with_name(f".{out.name}.spool")
+
+
 # An update of one request: (request id, new tokens, their times, status value or None while it runs, finish reason,
 # admitted_s, cached tokens, of them the host tier's, preemptions)
 Update = tuple[str, list[int], list[float], str | None, str | None, float | None, int, int, int]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import shutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
@@ -40,7 +40,8 @@ class Spooled:
     tokens: bytes  # tokens.jsonl lines
     trace: list[TraceRequest]  # (arrival, prompt, max new tokens) of each request, as run.json's trace counts them
     # parts the writer could not write (a full disk, say), kept as they were handed over, and why
-    unwritten: tuple[list[Request], list[IterationRecord], list[SlotTenure]] = ((), (), ())  # type: ignore[assignment]
+    unwritten: tuple[list[Request], list[IterationRecord], list[SlotTenure]] = field(
+        default_factory=lambda: ([], [], []))
     error: str | None = None
 
 
