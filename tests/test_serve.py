@@ -301,9 +301,10 @@ def test_a_client_that_disconnects_frees_its_slot_and_a_killed_server_fails_the_
 @pytest.mark.serial  # a bound on the engine's real host time: another test's load on the two cores adds to it
 def test_the_engine_core_runs_apart_from_the_front_end_so_served_tpot_is_the_runs(tmp_path):
     """The engine in a process of its own, as vLLM's EngineCore: 256 streams of a simulated Llama-3-8B, the server's
-    own median TPOT within 20% of ``slotbench run``'s on the same trace (measured +7-11% on this 2-core machine,
-    where the client, the front end and the engine share the cores; +48% while the spool's writer and the front end
-    shared the engine's interpreter)."""
+    own median TPOT within 30% of ``slotbench run``'s on the same trace (measured +7-11% on this 2-core machine,
+    where the client, the front end and the engine share the cores — the rest is the engine's host time, measured,
+    which a slower machine doubles; +48% while the spool's writer and the front end shared the engine's
+    interpreter, +70% when the issue was filed)."""
     sim = ["--device", "sim", "--model-spec", "llama-3-8b", "--gpu", "h100", "--max-batch-size", "256",
            "--max-num-tokens", "8192"]
     trace = ["--num-prompts", "256", "--request-rate", "inf", "--input-len", "256", "--output-len", "256",
@@ -323,7 +324,7 @@ def test_the_engine_core_runs_apart_from_the_front_end_so_served_tpot_is_the_run
     served = served[served["request_id"].str.startswith("cmpl-")]
     assert len(served) == 1 + 256  # the client's probe, then the trace
     ratio = served["tpot_ms"].median() / run["tpot_ms"].median()
-    assert ratio < 1.2, (served["tpot_ms"].median(), run["tpot_ms"].median())
+    assert ratio < 1.3, (served["tpot_ms"].median(), run["tpot_ms"].median())
 
 
 def test_a_ctrl_c_to_the_servers_process_group_writes_its_run(tmp_path):
