@@ -72,11 +72,17 @@ def requests_frame(requests: list[Request]) -> pd.DataFrame:
                      r.preemptions, r.cached_tokens, r.host_cached_tokens, ttft, tpot, e2el, r.session_id, r.turn,
                      admitted, failed, kv_ready, kv_start, kv_end, (kv_end - kv_start) * 1e3, r.kv_transfer_bytes,
                      r.stage, prefill_first, (prefill_first - r.arrival_s) * 1e3))
-    df = pd.DataFrame(rows, columns=REQUEST_COLUMNS)
-    return df.astype({"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
-                      "cached_tokens": "int64", "host_cached_tokens": "int64", "turn": "int64",
-                      "kv_transfer_bytes": "int64", "stage": "int64",
-                      "session_id": "string", "request_id": "string", "status": "string", "finish_reason": "string"})
+    return pd.DataFrame(rows, columns=REQUEST_COLUMNS).astype(REQUEST_DTYPES)
+
+
+# the columns whose type pandas would not infer as the files keep it (an int column of a frame built from tuples, a
+# string column): requests_frame's and slots_frame's, and what a frame read back from parquet is cast to again
+REQUEST_DTYPES = {"input_tokens": "int64", "output_tokens": "int64", "slot": "int64", "preemptions": "int64",
+                  "cached_tokens": "int64", "host_cached_tokens": "int64", "turn": "int64",
+                  "kv_transfer_bytes": "int64", "stage": "int64",
+                  "session_id": "string", "request_id": "string", "status": "string", "finish_reason": "string"}
+SLOT_DTYPES = {"request_id": "string", "end": "string", "worker": "string", "slot": "int64", "width": "int64",
+               "start_iteration": "int64", "decode_iteration": "int64", "end_iteration": "int64"}
 
 
 def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
@@ -89,9 +95,8 @@ SLOT_COLUMNS = ["request_id", "slot", "width", "start_iteration", "decode_iterat
 
 
 def slots_frame(tenures: list[SlotTenure]) -> pd.DataFrame:
-    df = pd.DataFrame({c: [getattr(t, c) for t in tenures] for c in SLOT_COLUMNS}, columns=SLOT_COLUMNS)
-    return df.astype({"request_id": "string", "end": "string", "worker": "string", "slot": "int64", "width": "int64",
-                      "start_iteration": "int64", "decode_iteration": "int64", "end_iteration": "int64"})
+    return pd.DataFrame({c: [getattr(t, c) for t in tenures] for c in SLOT_COLUMNS}, columns=SLOT_COLUMNS).astype(
+        SLOT_DTYPES)
 
 
 def tokens_jsonl(requests: list[Request]) -> bytes:

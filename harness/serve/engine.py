@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -27,7 +26,7 @@ from strategies.runtime.request import Request, Status
 
 
 class ServedEngine:
-    def __init__(self, opts: RunOptions, notify: Callable[[], None], spool_dir: Path | None = None) -> None:
+    def __init__(self, opts: RunOptions, notify: Callable[[], None], spool_dir: Path) -> None:
         if opts.device == "sim":  # the HTTP path is real here: no modelled serving path on top of it
             opts = dataclasses.replace(opts, serving_path="none")
         self.name = opts.strategies[0]
@@ -51,7 +50,7 @@ class ServedEngine:
         self.requests: list[Request] = []
         self._lock = threading.Lock()  # ``requests`` is appended on the front end's thread
         self._spooled_at = 0  # ``source.ended`` when the last part was written away
-        self.spool = Spool(spool_dir or Path(tempfile.mkdtemp(prefix="slotbench-serve-")))
+        self.spool = Spool(spool_dir)
         self.error: str | None = None  # why the engine stopped before the shutdown, if it did
         self.wall_s = 0.0
         self._thread = threading.Thread(target=self._serve, name="slotbench-engine", daemon=True)

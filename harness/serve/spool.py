@@ -14,20 +14,27 @@ from __future__ import annotations
 import queue
 import shutil
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import pandas as pd
 
-from harness.output.records import iterations_frame, requests_frame, slots_frame, tokens_jsonl
+from harness.output.records import (
+    REQUEST_DTYPES,
+    SLOT_DTYPES,
+    iterations_frame,
+    requests_frame,
+    slots_frame,
+    tokens_jsonl,
+)
 from harness.traces.trace import TraceRequest
 from strategies.runtime.buffers.slots import SlotTenure
 from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.request import Request
 
 CHUNK = 512  # finished requests a part holds: what a server keeps of what it ran, at most, beside what runs
-STRING_COLUMNS = ("request_id", "status", "finish_reason", "session_id")  # requests_frame's
-TUPLE_COLUMNS = ("stage_start_s", "stage_end_s", "spec_accepted_by_position")  # IterationRecord's tuple fields
+# IterationRecord's tuple fields (parquet gives them back as arrays)
+TUPLE_COLUMNS = tuple(f.name for f in fields(IterationRecord) if str(f.type).startswith("tuple"))
 
 
 @dataclass
@@ -93,8 +100,8 @@ class Spool:
                  "iterations": iterations_frame([]), "slots": slots_frame([])}
         merged = {k: pd.concat(v, ignore_index=True) if v else empty[k] for k, v in frames.items()}
         # what parquet gives back otherwise than the frames were made: strings as its own type, tuples as arrays
-        merged["requests"] = merged["requests"].astype({c: "string" for c in STRING_COLUMNS})
-        merged["slots"] = merged["slots"].astype({c: "string" for c in ("request_id", "end", "worker")})
+        merged["requests"] = merged["requests"].astype(REQUEST_DTYPES)
+        merged["slots"] = merged["slots"].astype(SLOT_DTYPES)
         it = merged["iterations"]
         for c in TUPLE_COLUMNS:
             it[c] = [tuple(x) for x in it[c]]
