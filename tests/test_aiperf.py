@@ -13,6 +13,7 @@ import pandas as pd
 import pytest
 
 from tests.test_serve import Server
+from tests.util import char_tokenizer
 
 AIPERF = "aiperf==0.13.0"
 VENV = Path(__file__).resolve().parents[1] / ".venv-aiperf"
@@ -36,7 +37,6 @@ def model_dir(tmp_path_factory) -> Path:
     saved together, as a model directory a user serves."""
     import torch
     import transformers
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
 
     d = tmp_path_factory.mktemp("model")
     cfg = transformers.LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
@@ -45,13 +45,7 @@ def model_dir(tmp_path_factory) -> Path:
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(cfg).eval().save_pretrained(d, safe_serialization=True)
     chars = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'\"-()\n"
-    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(dict.fromkeys(chars))}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    transformers.PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                         unk_token="<unk>").save_pretrained(d)
+    char_tokenizer(chars, "<unk>", unk_token="<unk>").save_pretrained(d)
     return d
 
 

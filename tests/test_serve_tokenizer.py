@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.util import char_tokenizer
+
 transformers = pytest.importorskip("transformers")
 
 # A Llama-2-style template: BOS from the tokenizer, a system prompt folded into the first turn, a role it does not
@@ -36,17 +38,8 @@ TEMPLATE = """{% if messages[0]['role'] == 'system' %}
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory) -> Path:
     """A tokenizer of one character per id whose post-processor adds BOS, as Llama's does, with the template."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
-    from transformers import PreTrainedTokenizerFast
-
-    chars = "abcdefghijklmnopqrstuvwxyz []/<>INSTY!?.,"
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(dict.fromkeys(chars))}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     d = tmp_path_factory.mktemp("tok")
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+    fast = char_tokenizer("abcdefghijklmnopqrstuvwxyz []/<>INSTY!?.,", "<pad>", pad_token="<pad>")
     fast.chat_template = TEMPLATE
     fast.save_pretrained(d)
     return d

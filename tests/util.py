@@ -206,3 +206,17 @@ def still_alive(pids: list[int]) -> list[int]:
             pass
     return out
 
+
+
+def char_tokenizer(chars: str, unk: str, **special: str):
+    """A Hugging Face fast tokenizer of one id per character of ``chars`` (after ``unk`` 0, ``<s>`` 1, ``</s>`` 2)
+    whose post-processor adds BOS, as Llama's does; ``special``: its other special tokens (``pad_token=...``)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {unk: 0, "<s>": 1, "</s>": 2, **{c: i + 3 for i, c in enumerate(dict.fromkeys(chars))}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", **special)
