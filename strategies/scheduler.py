@@ -20,11 +20,13 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from strategies.config import ExecutorConfig
 from strategies.running import RunningRequests
 from strategies.runtime.batch import ContextChunk, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
-from strategies.runtime.progress import COMPUTED, MAX_NEW, MIN_ARRAY_ROWS, SCHEDULED, TARGET, SlotProgress
+from strategies.runtime.progress import COMPUTED, MAX_NEW, SCHEDULED, TARGET, SlotProgress
 from strategies.runtime.request import Request
 from strategies.speculation import propose_drafts
 
@@ -33,15 +35,15 @@ if TYPE_CHECKING:
 
 
 class IterationScheduler:
-    def __init__(self, config: ExecutorConfig, kv: BlockManager, cross_kv: BlockManager | None = None,
-                 book: SlotProgress | None = None) -> None:
+    def __init__(self, config: ExecutorConfig, kv: BlockManager, book: SlotProgress,
+                 cross_kv: BlockManager | None = None) -> None:
         self.config = config
         self.kv = kv
         self.cross_kv = cross_kv  # encoder–decoder models: cross-attention blocks, taken whole at admission
-        # The runtime's per-slot progress: with it, and one row and one token a request (no beams, no drafts),
-        # the decode rows are picked by array operations over the running slots (``_decode_rows``: ``running``
-        # is then a RunningRequests, whose slots it reads from its array)
-        self.book = book if config.max_beam_width == 1 and config.speculative is None else None
+        # The runtime's per-slot progress, whose counters choose the decode rows (``_decode_rows``); with one row
+        # and one token a request (no beams, no drafts) they are committed there too
+        self.book = book
+        self.one_row = config.max_beam_width == 1 and config.speculative is None
         self.guaranteed = config.capacity_policy == "guaranteed-no-evict"
         self.watermark = 0 if self.guaranteed else math.ceil(config.kv_watermark * kv.total_blocks)
         # max-utilization takes blocks as tokens need them, so those past rejected drafts go back at once;
@@ -68,15 +70,14 @@ class IterationScheduler:
         spare = self.watermark if busy else 0
         return self.kv.admission_blocks(hits, reserve, r) <= self.kv.free_blocks - spare
 
-    def schedule(self, iteration: int, queues: Queues, running: list[Request]) -> ScheduledBatch:
+    def schedule(self, iteration: int, queues: Queues, running: RunningRequests) -> ScheduledBatch:
         """Step ``iteration`` over ``running`` (the running requests it may give rows) and ``queues``' waiting
         requests (admitted, and running ones preempted, through ``queues``)."""
         waiting, free_slots, preempt = queues.waiting, queues.free_slots, queues.preempt
         batch = ScheduledBatch(iteration)
         tpb = self.kv.tokens_per_block
         budget = self.config.max_num_tokens
-        picked = self._decode_rows(batch, running, budget) if self.book is not None else None
-        prefills, budget = picked if picked is not None else self._decode_loop(batch, running, budget, preempt)
+        prefills, budget = self._decode_rows(batch, running, budget, preempt)
         for r in prefills:  # then prefill chunks
             if r.slot is None:
                 continue
@@ -116,71 +117,58 @@ class IterationScheduler:
             batch.no_beams()
         return batch
 
-    def _decode_rows(self, batch: ScheduledBatch, running: RunningRequests,
-                     budget: int) -> tuple[list[Request], int] | None:
-        """Decodes first, one token each in admission order while the budget lasts: the decode loop's
-        choice made over the book's counters — as arrays from ``MIN_ARRAY_ROWS`` running requests, row by
-        row below. Returns the requests still prefilling and the budget left, or None, having changed
-        nothing, where the loop must choose (a decode's new block would preempt: max-utilization with too
-        few free blocks)."""
-        book, kv, tpb = self.book, self.kv, self.kv.tokens_per_block
-        assert book is not None
-        counters, held = book.counters, kv.held_blocks
-        if len(running) >= MIN_ARRAY_ROWS:
-            slots = running.slots  # [N]
-            c = counters[slots]  # [N, 6]
-            computed = c[:, COMPUTED]  # [N]
-            decoding = computed >= c[:, TARGET]  # [N]
-            wants = decoding & (c[:, SCHEDULED] < c[:, MAX_NEW])  # [N] not every token it may get is on its way
-            every = len(running) <= budget and bool(wants.all())  # the common step: each running request decodes
-            if every:  # (a copy: the list's array shifts as the list changes, and the batch keeps these)
-                slots, positions = slots.copy(), computed  # [G = N] each: the input token's position
-            else:  # (``nonzero`` here and below, not np.flatnonzero: its wrapper's cost, docs/host-path.md)
-                picked = wants.nonzero()[0][:budget]  # [G] indices into running
-                slots, positions = slots[picked], computed[picked]  # [G] each
-            new_block = (positions >= held[slots] * tpb).nonzero()[0].tolist()  # [g] starts a block
-            if not self.guaranteed and len(new_block) > kv.free_blocks:
-                return None
-            counters[slots, COMPUTED] = positions + 1
-            counters[slots, SCHEDULED] += 1
-            batch.gen_positions = positions.tolist()
-            rows = None if every else picked.tolist()  # None: every one, in order
-            prefills = [] if every else [running[i] for i in (~decoding).nonzero()[0].tolist()]
-            batch.gen_slots, batch.gen_position_array = slots, positions
-        else:  # (the buffers read the few rows' slots from their requests)
-            rows, picked, positions, new_block, prefills = [], [], [], [], []
-            for i, r in enumerate(running):
-                slot = r.slot
-                computed, target, scheduled, _, most, _ = counters[slot].tolist()
-                if computed < target:
-                    prefills.append(r)
-                elif scheduled < most and len(rows) < budget:
-                    if computed >= held.item(slot) * tpb:
-                        new_block.append(len(rows))
-                    rows.append(i)
-                    picked.append((slot, scheduled))
-                    positions.append(computed)
-            if not self.guaranteed and len(new_block) > kv.free_blocks:
-                return None
-            for (slot, scheduled), position in zip(picked, positions, strict=True):
-                counters[slot, COMPUTED] = position + 1
-                counters[slot, SCHEDULED] = scheduled + 1
-            slots, batch.gen_positions = [slot for slot, _ in picked], positions
+    def _decode_rows(self, batch: ScheduledBatch, running: RunningRequests, budget: int,
+                     preempt: Preempt) -> tuple[list[Request], int]:
+        """Decodes first: each running request past its prefill with a token still to ask for gets its row (a
+        beam request one per beam, a request with drafts a verifying chunk), in admission order while the budget
+        lasts. Chosen over the book's counters, as array operations over the running slots; committed as arrays
+        in the common step (one row a request, and no decode's new block would preempt), else request by
+        request (``_decode_each``). Returns the requests still prefilling and the budget left."""
+        slots = running.slots  # [N]
+        c = self.book.counters[slots]  # [N, 6]
+        computed = c[:, COMPUTED]  # [N]
+        decoding = computed >= c[:, TARGET]  # [N]
+        wants = decoding & (c[:, SCHEDULED] < c[:, MAX_NEW])  # [N] not every token it may get is on its way
+        every = len(running) <= budget and bool(wants.all())  # the common step: each running request decodes
+        # (``nonzero`` here and below, not np.flatnonzero: its wrapper's cost, docs/host-path.md)
+        prefills = [] if every else [running[i] for i in (~decoding).nonzero()[0].tolist()]
+        if self.one_row:
+            committed = self._commit_rows(batch, running, budget, slots, computed, wants, every)
+            if committed is not None:
+                return prefills, committed
+        decodes = [running[i] for i in wants.nonzero()[0].tolist()]
+        return prefills, self._decode_each(batch, decodes, running, budget, preempt)
+
+    def _commit_rows(self, batch: ScheduledBatch, running: RunningRequests, budget: int, slots: np.ndarray,
+                     computed: np.ndarray, wants: np.ndarray, every: bool) -> int | None:
+        """``_decode_rows``' choice committed as arrays, one token a request: the budget left, or None, having
+        changed nothing, where a decode's new block would preempt (max-utilization, too few blocks free)."""
+        kv, tpb, counters = self.kv, self.kv.tokens_per_block, self.book.counters
+        if every:  # (a copy: the list's array shifts as the list changes, and the batch keeps these)
+            slots, positions = slots.copy(), computed  # [G = N] each: the input token's position
+        else:
+            picked = wants.nonzero()[0][:budget]  # [G] indices into running
+            slots, positions = slots[picked], computed[picked]  # [G] each
+        new_block = (positions >= kv.held_blocks[slots] * tpb).nonzero()[0].tolist()  # [g] starts a block
+        if not self.guaranteed and len(new_block) > kv.free_blocks:
+            return None
+        counters[slots, COMPUTED] = positions + 1
+        counters[slots, SCHEDULED] += 1
+        batch.gen_positions = positions.tolist()
+        batch.gen_slots, batch.gen_position_array = slots, positions
         for i in new_block:  # (enough blocks are free: checked above, or reserved at admission)
             taken = kv.allocate(int(slots[i]), batch.gen_positions[i] + 1)
             assert taken is not None, "KV cache: a decode's block was counted free and is not"
         # (a slice copies the list in C; map over the rows next; a comprehension indexing the list subclass is
         # slowest: docs/host-path.md)
-        batch.gen_requests = running[:] if rows is None else list(map(running.__getitem__, rows))
-        return prefills, budget - len(batch.gen_requests)
+        batch.gen_requests = running[:] if every else list(map(running.__getitem__, picked.tolist()))
+        return budget - len(batch.gen_requests)
 
-    def _decode_loop(self, batch: ScheduledBatch, running: list[Request], budget: int,
-                     preempt: Preempt) -> tuple[list[Request], int]:
-        """Decodes first, one token per beam (verifying chunks where drafts are proposed), request by
-        request; returns the requests still prefilling and the budget left."""
-        decodes, prefills = [], []
-        for r in running:
-            (prefills if r.num_computed_tokens < r.context_target else decodes).append(r)
+    def _decode_each(self, batch: ScheduledBatch, decodes: list[Request], running: RunningRequests, budget: int,
+                     preempt: Preempt) -> int:
+        """``_decode_rows``' choice committed request by request, where a row may not be one token (beams take
+        their width of the budget, drafts a verifying chunk) or a decode's new block may preempt a later
+        admission (which then drops out here); returns the budget left."""
         kv, tpb = self.kv, self.kv.tokens_per_block
         held = kv.held_blocks
         gen_requests, gen_positions = batch.gen_requests, batch.gen_positions
@@ -190,10 +178,9 @@ class IterationScheduler:
                 if budget < 1:
                     break
                 continue
-            slot = r.slot
-            if slot is None or r.num_output_tokens + r.pending_samples >= r.max_new_tokens or r.verifying:
-                continue  # preempted earlier in this loop; every token it wants is on its way; or it verifies
-            position = r.num_computed_tokens
+            if r.slot is None or r.verifying:
+                continue  # preempted earlier in this loop, or it verifies drafts already
+            slot, position = r.slot, r.num_computed_tokens
             if spec is not None:
                 if self._verify(r, position, budget, running, batch, preempt):
                     budget -= batch.verify[-1].length
@@ -207,7 +194,7 @@ class IterationScheduler:
             r.num_computed_tokens = position + 1
             r.pending_samples += 1
             budget -= r.width
-        return prefills, budget
+        return budget
 
     def _verify(self, r: Request, position: int, budget: int, running: list[Request], batch: ScheduledBatch,
                 preempt: Preempt) -> bool:

@@ -17,9 +17,11 @@ from harness.traces.prompts import ideal_prefix_hit_rate
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.registry import PEERS, get_strategy, strategy_names
+from strategies.running import RunningRequests
 from strategies.runtime.batch import ContextChunk, GenerationStep, ScheduledBatch
 from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.kv.free_blocks import FreeBlocks
+from strategies.runtime.progress import SlotProgress
 from strategies.runtime.request import Request, Status
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler
@@ -258,12 +260,14 @@ def test_running_decodes_get_their_token_before_any_prefill_chunk():
     cfg = ExecutorConfig(max_batch_size=4, max_num_tokens=16, max_seq_len=256, chunked_prefill=True)
     kv = BlockManager(cfg.total_kv_blocks, cfg.tokens_per_block, 4, cfg.max_blocks_per_seq)
     long, short = req(range(1, 201), 8, "long"), req(range(1, 5), 8, "short")
+    book, running = SlotProgress(4), RunningRequests(4)
     for slot, r in enumerate((long, short)):  # the long prompt was admitted first and is mid-prefill
-        r.admit(slot, slot)
+        r.admit(slot, slot, book=book)
         kv.admit(slot, [], r.prompt_len + r.max_new_tokens)
+        running.append(r)
     long.num_computed_tokens = 48
     short.num_computed_tokens, short.num_output_tokens = 5, 1  # decoding
-    batch = IterationScheduler(cfg, kv).schedule(0, Queues(free_slots=2), [long, short])
+    batch = IterationScheduler(cfg, kv, book=book).schedule(0, Queues(free_slots=2), running)
     assert [g.request.request_id for g in batch.generation] == ["short"]
     assert [(c.request.request_id, c.length) for c in batch.context] == [("long", 15)]
     assert isinstance(batch.context[0], ContextChunk) and isinstance(batch.generation[0], GenerationStep)
@@ -329,7 +333,7 @@ def test_allocate_preempts_each_victim_once_from_a_callers_selection():
 
     pool = Pool()
     cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, capacity_policy="max-utilization")
-    scheduler = IterationScheduler(cfg, pool)  # type: ignore[arg-type]
+    scheduler = IterationScheduler(cfg, pool, book=SlotProgress(4))  # type: ignore[arg-type]
     reqs = [Request(f"r{i}", np.arange(3, 10), 4, SamplingParams()) for i in range(4)]
     for i, r in enumerate(reqs):
         r.admit(i, i, 0)

@@ -19,4 +19,4 @@ class InflightStrategy(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.scheduler.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
+        self.scheduler.policy = IterationScheduler(self.config, self.kv, self.progress, self.cross_kv)

@@ -31,7 +31,7 @@ class OverlapStrategy(Strategy):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.scheduler.policy = IterationScheduler(self.config, self.kv, self.cross_kv, self.progress)
+        self.scheduler.policy = IterationScheduler(self.config, self.kv, self.progress, self.cross_kv)
 
     def schedulable(self) -> RunningRequests:
         """Before each schedule, the early release: a request whose last token is launched but not yet read

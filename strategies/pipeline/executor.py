@@ -48,7 +48,7 @@ class PipelineStrategy(Strategy):
         # pipeline fills with M micro-batches of similar size instead of one that takes every request.
         self.rows_per_micro_batch = -(-config.max_batch_size // self.depth)
         micro_batch = replace(config, max_batch_size=self.rows_per_micro_batch)
-        self.scheduler.policy = IterationScheduler(micro_batch, self.kv, self.cross_kv, self.progress)
+        self.scheduler.policy = IterationScheduler(micro_batch, self.kv, self.progress, self.cross_kv)
 
     def _process_engine(self, sizes: dict) -> tuple:
         from strategies.runtime.pipeline.stage_group import PipelineEngine

@@ -21,7 +21,7 @@ import numpy as np
 from strategies.runtime.decoder.finish import CONTINUE
 
 MIN_COLUMNS = 64  # first width of the token rows; they double as longer requests arrive
-# From this many rows a step's hand-out and decode choice are array operations over them; below, row by row is
+# From this many rows a step's hand-out is array operations over them; below, row by row is
 # faster, as an array operation has a fixed cost however short its array (the crossing measured: docs/host-path.md)
 MIN_ARRAY_ROWS = 24
 # Columns of ``counters``: tokens whose KV is written or launched; tokens to prefill on this admission; samples

@@ -20,6 +20,7 @@ import torch
 
 from strategies.config import ExecutorConfig
 from strategies.registry import get_strategy
+from strategies.running import RunningRequests
 from strategies.runtime.batch import ScheduledBatch
 from strategies.runtime.buffers.memory import DeviceMemory
 from strategies.runtime.buffers.runtime_buffers import RuntimeBuffers
@@ -30,6 +31,7 @@ from strategies.runtime.kv.block_manager import BlockManager
 from strategies.runtime.kv.paged_attention import generation_attention
 from strategies.runtime.models.config import PRESETS
 from strategies.runtime.models.llama import Attention, build_model, script_model
+from strategies.runtime.progress import SlotProgress
 from strategies.runtime.request import Request
 from strategies.runtime.sampling_params import SamplingParams
 from strategies.scheduler import IterationScheduler
@@ -208,14 +210,14 @@ def test_scheduler_step(benchmark, waiting, decode_step):
 
     def setup():
         kv = BlockManager(cfg.total_kv_blocks, cfg.tokens_per_block, 64, cfg.max_blocks_per_seq)
-        return IterationScheduler(cfg, kv), deque(_requests(waiting, prompt=48)), list(range(64))
+        return IterationScheduler(cfg, kv, book=SlotProgress(64)), deque(_requests(waiting, prompt=48)), list(range(64))
 
     def step(sched, queue, free):
-        running = []
+        running = RunningRequests(64)
 
         def admit(r, hits, reserve):
             slot = free.pop()
-            r.admit(slot, 0)
+            r.admit(slot, 0, book=sched.book)
             sched.kv.admit(slot, hits, reserve)
             running.append(r)
 
