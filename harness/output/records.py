@@ -37,6 +37,9 @@ sequence may be shorter than.
 
 from __future__ import annotations
 
+import dataclasses
+import operator
+
 import numpy as np
 import orjson
 import pandas as pd
@@ -85,9 +88,20 @@ SLOT_DTYPES = {"request_id": "string", "end": "string", "worker": "string", "slo
                "start_iteration": "int64", "decode_iteration": "int64", "end_iteration": "int64"}
 
 
+# IterationRecord's int and float fields, each column built as its array (the rest, strings and tuples, as lists)
+_ITERATION_ARRAYS = {f.name: {"int": np.int64, "float": np.float64}.get(str(f.type))
+                     for f in dataclasses.fields(IterationRecord)}
+
+
 def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:
-    # column by column: dataclasses.asdict per record costs ~0.1 ms each (a second per 10^4 iterations)
-    return pd.DataFrame({c: [getattr(r, c) for r in records] for c in ITERATION_COLUMNS}, columns=ITERATION_COLUMNS)
+    # column by column (dataclasses.asdict per record costs ~0.1 ms each: a second per 10^4 iterations), a typed
+    # column straight into its array (pandas inferring each column from a list took twice as long: 1.0 s against
+    # 0.45 s for 116,543 iterations)
+    n, cols = len(records), {}
+    for c in ITERATION_COLUMNS:
+        get, dtype = operator.attrgetter(c), _ITERATION_ARRAYS[c]
+        cols[c] = np.fromiter(map(get, records), dtype, n) if dtype is not None else list(map(get, records))
+    return pd.DataFrame(cols, columns=ITERATION_COLUMNS)
 
 
 SLOT_COLUMNS = ["request_id", "slot", "width", "start_iteration", "decode_iteration", "end_iteration", "end",
