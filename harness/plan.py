@@ -13,6 +13,7 @@ from harness.context_length import resolve_max_seq_len
 from harness.errors import UserError
 from harness.options import RunOptions
 from harness.runner import request_ids
+from harness.serve.tokenizer import CheckpointTokenizer
 from harness.traces import Fit, Trace, fit_trace, load_trace, synthetic_trace
 from harness.traces.trace import TraceRequest
 from harness.traces.workload import load_workload
@@ -86,7 +87,9 @@ def warm_request(t: TraceRequest, max_seq_len: int) -> TraceRequest:
 
 def make_trace(opts: RunOptions) -> Trace:
     if opts.workload_config is not None:
-        trace = workload_trace(load_workload(opts.workload_config), opts.workload_config, opts.seed, _vocab_size(opts))
+        tokenizer = CheckpointTokenizer(opts.tokenizer) if opts.tokenizer else None  # the server's: its prompts
+        trace = workload_trace(load_workload(opts.workload_config), opts.workload_config, opts.seed, _vocab_size(opts),
+                               tokenizer)
     elif opts.trace == "synthetic":
         trace = synthetic_trace(opts.num_prompts, opts.input_len, opts.output_len, request_rate=opts.request_rate,
                                 burstiness=opts.burstiness, length_dist=opts.length_dist,

@@ -66,6 +66,52 @@ def test_shared_prefix_as_inference_perf_builds_it(tmp_path):
     assert again.requests == t.requests  # seeded
 
 
+def _byte_fallback_tokenizer(directory) -> str:
+    """A Llama-shaped tokenizer.json (BPE with byte fallback, "▁" for spaces, BOS added; Llama 2's normaliser and
+    decoder): 256 byte pieces, "▁" and 300 CJK characters. Random ids do not survive decode and encode with it: a lone
+    byte piece of 0x80-0xFF decodes to U+FFFD, which encodes back as three byte pieces."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, processors
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}, "▁": 259,
+             **{chr(0x4E00 + i): 260 + i for i in range(300)}}
+    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+    tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
+                                     decoders.Strip(" ", 1, 0)])
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tok.add_special_tokens(["<unk>", "<s>", "</s>"])
+    directory.mkdir()
+    tok.save(str(directory / "tokenizer.json"))
+    return str(directory)
+
+
+def test_a_tokenizer_gives_the_prompts_the_server_tokenised(tmp_path):
+    """inference-perf's generator (Feb 2026, shared_prefix_datagen.py) sends each prompt as text: its group's random
+    system ids decoded, a space, its random question ids decoded; the server tokenises that text. Given the server's
+    tokenizer the replay's prompts are that text's ids: each decodes to its group's system text, a space and a
+    question, and they are longer than the ids drawn (the lone bytes' U+FFFD re-encodes as three)."""
+    from harness.serve.tokenizer import CheckpointTokenizer
+
+    path = _write(tmp_path, "w.yaml", SHARED_PREFIX)
+    tok = CheckpointTokenizer(_byte_fallback_tokenizer(tmp_path / "tok"))
+    t = workload_trace(load_workload(path), path, seed=0, vocab_size=1000, tokenizer=tok)
+    prompts = [r.prompt_token_ids for r in t.requests[:12]]
+    assert len(set(prompts)) == 12 and all(p[0] == 1 for p in prompts)  # BOS, as the server adds it
+    texts = [tok.decode(list(p)) for p in prompts]
+    assert all(tok.encode(text) == list(p) for text, p in zip(texts, prompts, strict=True))  # the server's ids
+    starts = [text[:15] for text in texts]  # (40 system ids decode to more characters than that)
+    assert sorted(starts.count(s) for s in set(starts)) == [4, 4, 4]  # a group's 4 prompts open with its system text
+    lens = np.array([len(p) for p in prompts])
+    assert lens.mean() > 1.3 * (1 + 40 + 20)  # 23% of the draws are bytes 0x80-0xFF: U+FFFD, three ids each
+    assert all(r.input_tokens == len(r.prompt_token_ids) for r in t.requests)
+    run = cli("run", "--device", "sim", "--model-spec", "llama-3-8b", "--gpu", "h100", "--workload-config", path,
+              "--tokenizer", str(tmp_path / "tok"), "--strategies", "inflight", "--out", str(tmp_path / "out"),
+              "--no-progress")
+    assert run.returncode == 0, run.stderr
+    served = pd.read_parquet(tmp_path / "out" / "inflight" / "requests.parquet")
+    assert served["input_tokens"].mean() == pytest.approx(np.mean([r.input_tokens for r in t.requests]))
+
+
 def test_poisson_and_random_data(tmp_path):
     text = SHARED_PREFIX.replace("type: constant", "type: poisson").split("data:")[0] + """\
 data:

@@ -72,6 +72,7 @@ class CheckpointTokenizer:
 
         d = Path(directory)
         self.tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
+        self.vocab_size = self.tok.get_vocab_size(with_added_tokens=False)  # (transformers' ``vocab_size``)
         path = d / "tokenizer_config.json"
         config = json.loads(path.read_text()) if path.is_file() else {}
         self.template = chat_template(d, config)

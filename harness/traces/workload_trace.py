@@ -1,12 +1,35 @@
 """The requests of a workload (``harness/traces/workload.py``): arrivals stage after stage, prompts as the
-load generator builds them, each request tagged with its stage."""
+load generator builds them, each request tagged with its stage.
+
+inference-perf's shared-prefix generator (as of February 2026) draws random token ids over its tokenizer's
+vocabulary, decodes them to text (special tokens skipped) and sends each prompt as the group's system text, a
+space and the question's text; the server tokenises that text again, BOS included. Decoding random ids and
+encoding the text does not give them back (Llama 2: a lone byte piece decodes to U+FFFD, which re-encodes as
+three bytes; pieces merge across their joins), so the server's prompts are not system + question tokens long:
+~5% longer for Llama 2's. Given the tokenizer (``--tokenizer``), the prompts are built exactly so, and are the ids
+the server computed; without it they are the random ids themselves, scaled to the server's measured mean where
+a measured run's file gives one.
+"""
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
+from harness.errors import UserError
 from harness.traces.trace import Trace, TraceRequest
 from harness.traces.workload import BOS_ID, Dist, Workload
+
+
+class TextTokenizer(Protocol):
+    """What the prompts need of the server's tokenizer (``harness/serve/tokenizer.py``' CheckpointTokenizer)."""
+
+    vocab_size: int
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 def stage_arrivals(w: Workload, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -33,36 +56,48 @@ def _scaled(d: Dist, f: float) -> Dist:
     return Dist(d.mean * f, max(1, round(d.min * f)), max(1, round(d.max * f)), d.std_dev * f)
 
 
-def shared_prefix_prompts(w: Workload, rng: np.random.Generator, vocab_size: int,
-                          target_mean: float | None) -> tuple[list[tuple[int, ...]], np.ndarray]:
-    """The N = groups x prompts-per-group distinct prompts, shuffled, and their output lengths. With
-    ``target_mean`` (the server's measured prompt tokens, BOS included) the system prompt and question are
-    scaled by one factor so that prompts average it (the server's re-tokenisation; module docstring)."""
+def shared_prefix_prompts(w: Workload, rng: np.random.Generator, vocab_size: int, target_mean: float | None,
+                          tokenizer: TextTokenizer | None = None) -> tuple[list[tuple[int, ...]], np.ndarray]:
+    """The N = groups x prompts-per-group distinct prompts, shuffled, and their output lengths. With ``tokenizer``
+    (the server's) the generator's text tokenised as the server tokenises it; else random ids of ``vocab_size``,
+    with ``target_mean`` (the server's measured prompt tokens, BOS included) the system prompt and question
+    scaled by one factor so that prompts average it (module docstring)."""
     assert w.system_prompt is not None and w.question is not None
     system, question = w.system_prompt, w.question
-    if target_mean is not None:
+    if target_mean is not None and tokenizer is None:
         f = (target_mean - 1) / (system.mean + question.mean)
         system, question = _scaled(system, f), _scaled(question, f)
+    draw_from = tokenizer.vocab_size if tokenizer is not None else vocab_size  # (the generator's: its tokenizer's)
     prompts, outputs = [], []
     for _ in range(w.num_groups):
-        prefix = rng.integers(0, vocab_size, size=int(system.draw(1, rng)[0]))
+        prefix = rng.integers(0, draw_from, size=int(system.draw(1, rng)[0]))
+        text = tokenizer.decode(prefix.tolist()) if tokenizer is not None else ""
         q_lens, o_lens = question.draw(w.prompts_per_group, rng), w.output.draw(w.prompts_per_group, rng)
         for q, o in zip(q_lens, o_lens, strict=True):
-            ids = np.concatenate(([BOS_ID % vocab_size], prefix, rng.integers(0, vocab_size, size=int(q))))
+            own = rng.integers(0, draw_from, size=int(q))
+            if tokenizer is not None:
+                ids = tokenizer.encode(text + " " + tokenizer.decode(own.tolist()))
+            else:
+                ids = np.concatenate(([BOS_ID % vocab_size], prefix, own))
             prompts.append(tuple(int(x) for x in ids))
             outputs.append(int(o))
     order = rng.permutation(len(prompts))
     return [prompts[i] for i in order], np.asarray(outputs, dtype=np.int64)[order]
 
 
-def workload_trace(w: Workload, path: str, seed: int, vocab_size: int) -> Trace:
+def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer: TextTokenizer | None = None) -> Trace:
+    """``tokenizer``: the server's, for a shared-prefix workload's prompts (module docstring)."""
     rng = np.random.default_rng(w.seed if w.seed is not None else seed)
     arrivals, stage = stage_arrivals(w, rng)
     sampling = {"ignore_eos": True} if w.ignore_eos else None  # one dict for every request: nothing writes to it
     n = len(arrivals)
     if w.data == "shared_prefix":
         measured = [s.prompt_tokens_mean for s in w.stages if s.prompt_tokens_mean]
-        prompts, outputs = shared_prefix_prompts(w, rng, vocab_size, float(np.mean(measured)) if measured else None)
+        prompts, outputs = shared_prefix_prompts(w, rng, vocab_size, float(np.mean(measured)) if measured else None,
+                                                 tokenizer)
+        top = max(max(p) for p in prompts)
+        if top >= vocab_size:
+            raise UserError(f"--tokenizer: the prompts hold token id {top}, past the model's vocabulary ({vocab_size})")
         reqs = [TraceRequest(float(arrivals[i]), len(prompts[i % len(prompts)]), int(outputs[i % len(prompts)]),
                              prompt_token_ids=prompts[i % len(prompts)], stage=int(stage[i]), sampling=sampling)
                 for i in range(n)]
