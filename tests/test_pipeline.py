@@ -197,7 +197,7 @@ def test_the_stage_that_failed_is_named_not_the_one_that_lost_it():
     closed, exited and was seen before stage 1 was (a process's sockets close before its exit can be reaped).
     The casualty (its peer lost) is named only if no stage that failed on its own is seen within the grace."""
     from strategies.runtime.pipeline.stage_group import PipelineEngine
-    from strategies.runtime.pipeline.stage_worker import PEER_LOST
+    from strategies.runtime.pipeline.stage_worker import PEER_LOST, PEER_SILENT
 
     now = time.monotonic()
     group = type("G", (), {"timeout_s": 3.0})()
@@ -206,6 +206,11 @@ def test_the_stage_that_failed_is_named_not_the_one_that_lost_it():
     group.procs = [_Proc(PEER_LOST, now), _Proc(None, now + 60)]  # the cause never seen: the casualty named
     assert "stage 0 exited (code 2: a peer closed" in PipelineEngine.what_failed(group, False)
     assert "did not answer" in PipelineEngine.what_failed(group, True)
+    # CI once reported 'stage 1 exited (code 2: a peer closed its connection)' for stage 0's injected hang: stage 1
+    # timed out on it first (its receive has the same --stage-timeout) and exited, which the host saw before its own
+    # time-out. A stage that exits for a silent peer says so, and the silence is what is reported.
+    group.procs = [_Proc(None, now + 60), _Proc(PEER_SILENT, now)]
+    assert "did not answer within --stage-timeout (3 s)" in PipelineEngine.what_failed(group, False)
 
 
 def test_ctrl_c_stops_every_stage(tmp_path):

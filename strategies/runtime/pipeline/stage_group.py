@@ -161,15 +161,15 @@ class PipelineEngine:
         dead: list[tuple[int, int]] = []
         while not timed_out:
             dead = [(s, p.exitcode) for s, p in enumerate(self.procs) if not p.is_alive()]
-            cause = [d for d in dead if d[1] != stage_worker.PEER_LOST]
+            cause = [d for d in dead if d[1] not in (stage_worker.PEER_LOST, stage_worker.PEER_SILENT)]
             if cause:
                 return f"pipeline stage {cause[0][0]} exited (code {cause[0][1]})"
             if time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
-        if dead:
+        if dead and all(code != stage_worker.PEER_SILENT for _, code in dead):
             return f"pipeline stage {dead[0][0]} exited (code {dead[0][1]}: a peer closed its connection)"
-        return timeout
+        return timeout  # (or a stage behind a silent one timed out on it before the host did, and exited)
 
     def _started(self) -> None:
         """Raises if a stage process died while the group was forming."""

@@ -32,7 +32,9 @@ from strategies.runtime.pipeline.stage_model import StageModel
 
 HOST = 0
 STARTUP_TIMEOUT_S = 60.0  # the least time a stage group gets to form
-FAILED, PEER_LOST = 1, 2  # exit codes: this stage failed; a peer's socket closed or went silent (not the cause)
+# exit codes: this stage failed; a peer's socket closed (not the cause); a peer went silent past --stage-timeout (not
+# the cause either: the silent one is, and it may still be alive)
+FAILED, PEER_LOST, PEER_SILENT = 1, 2, 4
 
 
 def connect(port: int, rank: int, world: int, timeout_s: float) -> tuple[dist.ProcessGroupGloo, dist.TCPStore]:
@@ -89,13 +91,16 @@ def main(spec: StageSpec) -> None:
     except Exception as exc:  # a peer gone or timed out: the host sees it too, and says why it stopped
         print(f"slotbench stage {spec.stage}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}",
               file=sys.stderr, flush=True)
-        os._exit(PEER_LOST if _peer_lost(exc) else FAILED)
+        os._exit(_exit_code(exc))
 
 
-def _peer_lost(exc: Exception) -> bool:
-    """A failure of the group's transport: gloo raises it (as a RuntimeError naming its source file) when a
-    peer closes its socket or does not answer — this stage is a casualty, the cause is elsewhere."""
-    return isinstance(exc, dist.DistError) or "gloo" in str(exc)
+def _exit_code(exc: Exception) -> int:
+    """A failure of the group's transport — gloo raises it (as a RuntimeError naming its source file) when a peer
+    closes its socket or does not answer in time — makes this stage a casualty, the cause elsewhere: PEER_SILENT for
+    a time-out, PEER_LOST otherwise. Anything else is this stage's own failure."""
+    if not (isinstance(exc, dist.DistError) or "gloo" in str(exc)):
+        return FAILED
+    return PEER_SILENT if "Timed out" in str(exc) else PEER_LOST
 
 
 def _serve(spec: StageSpec) -> None:
