@@ -192,6 +192,20 @@ class _Proc:
         return None if self.is_alive() else self.code
 
 
+def test_a_lull_longer_than_the_stage_timeout_is_not_a_silent_stage():
+    """The stages wait for the host's next step without --stage-timeout: with none, a run whose requests pause
+    longer than it (a lull in a trace, an idle server) had every stage time out on the host, and the run fail."""
+    cfg = ExecutorConfig(max_batch_size=4, max_seq_len=64, pipeline_stages=2, stage_timeout_s=1.0)
+    requests = make_requests(_specs([(8, 4)] * 2, 0.0, 1))
+    requests[1].arrival_s = 3.0  # three times the stage timeout after the first
+    s = get_strategy("pipeline")(TINY64, tiny_models()[1], cfg)
+    try:
+        s.run(ListSource(requests))
+    finally:
+        s.close()
+    assert [r.status for r in requests] == [Status.FINISHED] * 2
+
+
 def test_the_stage_that_failed_is_named_not_the_one_that_lost_it():
     """CI once reported 'stage 0 exited (code 1)' for stage 1's injected death: stage 0, whose socket to stage 1
     closed, exited and was seen before stage 1 was (a process's sockets close before its exit can be reaped).

@@ -32,6 +32,10 @@ from strategies.runtime.pipeline.stage_model import StageModel
 
 HOST = 0
 STARTUP_TIMEOUT_S = 60.0  # the least time a stage group gets to form
+# How long a stage waits for the host's next step: without limit in practice, as a run may have no requests for
+# longer than --stage-timeout (a lull in a trace, an idle server); a host that dies closes its socket, which ends
+# the wait at once
+HOST_IDLE = timedelta(days=365)
 # exit codes: this stage failed; a peer's socket closed (not the cause); a peer went silent past --stage-timeout (not
 # the cause either: the silent one is, and it may still be alive)
 FAILED, PEER_LOST, PEER_SILENT = 1, 2, 4
@@ -133,7 +137,7 @@ def _serve(spec: StageSpec) -> None:
     pending: list = []  # sends whose buffers must outlive them
     with torch.inference_mode():
         while True:
-            pg.recv([header], HOST, 0).wait()
+            pg.recv([header], HOST, 0).wait(HOST_IDLE)  # (not --stage-timeout: the host may have no work for long)
             if int(header[m.KIND]) == m.STOP:
                 break
             b = sets[int(header[m.SET])]
