@@ -106,3 +106,26 @@ def test_a_malformed_event_fails_its_request_only_and_usage_counts_the_output(tm
             n = row["output_tokens"]  # the server's ids in order, as many as its usage says (its max_tokens)
             assert row["status"] == "finished" and n > 0 and tokens[rid] == list(range(1, n + 1))
     assert kinds.count("malformed") == 3 and kinds.count("over-counted") == 3
+
+
+def test_a_prompt_sent_as_text_leaves_the_servers_bos_to_the_server(tmp_path):
+    """A prompt's ids hold the BOS the server's tokenizer adds (a workload's prompts are the ids the server
+    computed): sent as text, that BOS is left out, so that the server, encoding the text, gets the ids back — one
+    BOS, not a literal '<s>' and another."""
+    import numpy as np
+
+    from harness.endpoint.client import EndpointClient, EndpointSettings
+    from harness.serve.tokenizer import CheckpointTokenizer
+    from strategies.runtime.request import Request
+    from tests.util import char_tokenizer
+
+    char_tokenizer("abcdef ", "<unk>").save_pretrained(tmp_path / "tok")  # its post-processor adds BOS, as Llama's
+    tok = CheckpointTokenizer(tmp_path / "tok")
+    ids = tok.encode("a bad face")
+    assert ids[0] == 1 and tok.added_ids == [1]
+    for kind in ("completions", "chat"):
+        client = object.__new__(EndpointClient)
+        client.settings = EndpointSettings("http://127.0.0.1:1/v1", kind, "m", None, tok, None, None)
+        body = client._body(Request("r", np.asarray(ids), 4))
+        text = body["prompt"] if kind == "completions" else body["messages"][0]["content"]
+        assert text == "a bad face" and tok.encode(text) == ids

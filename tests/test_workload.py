@@ -68,13 +68,16 @@ def test_shared_prefix_as_inference_perf_builds_it(tmp_path):
 
 def _byte_fallback_tokenizer(directory) -> str:
     """A Llama-shaped tokenizer.json (BPE with byte fallback, "▁" for spaces, BOS added; Llama 2's normaliser and
-    decoder): 256 byte pieces, "▁" and 300 CJK characters. Random ids do not survive decode and encode with it: a lone
-    byte piece of 0x80-0xFF decodes to U+FFFD, which encodes back as three byte pieces."""
+    decoder): 256 byte pieces, "▁", 300 CJK characters, and merges of "▁" with each of them. Random ids do not survive
+    decode and encode with it: a lone byte piece of 0x80-0xFF decodes to U+FFFD, which encodes back as three byte
+    pieces, and a space merges with the character after it."""
     from tokenizers import Tokenizer, decoders, models, normalizers, processors
 
+    chars = [chr(0x4E00 + i) for i in range(300)]
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"<0x{b:02X}>": 3 + b for b in range(256)}, "▁": 259,
-             **{chr(0x4E00 + i): 260 + i for i in range(300)}}
-    tok = Tokenizer(models.BPE(vocab, [], unk_token="<unk>", fuse_unk=True, byte_fallback=True))
+             **{c: 260 + i for i, c in enumerate(chars)}, **{"▁" + c: 560 + i for i, c in enumerate(chars)}}
+    merges = [("▁", c) for c in chars]
+    tok = Tokenizer(models.BPE(vocab, merges, unk_token="<unk>", fuse_unk=True, byte_fallback=True))
     tok.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse(),
                                      decoders.Strip(" ", 1, 0)])
@@ -101,6 +104,10 @@ def test_a_tokenizer_gives_the_prompts_the_server_tokenised(tmp_path):
     assert all(tok.encode(text) == list(p) for text, p in zip(texts, prompts, strict=True))  # the server's ids
     starts = [text[:15] for text in texts]  # (40 system ids decode to more characters than that)
     assert sorted(starts.count(s) for s in set(starts)) == [4, 4, 4]  # a group's 4 prompts open with its system text
+    for start in set(starts):  # and then a space: what the group's prompts share ends there
+        group = [text for text in texts if text.startswith(start)]
+        shared = next(i for i, chars in enumerate(zip(*group, strict=False)) if len(set(chars)) > 1)
+        assert group[0][shared - 1] == " ", group
     lens = np.array([len(p) for p in prompts])
     assert lens.mean() > 1.3 * (1 + 40 + 20)  # 23% of the draws are bytes 0x80-0xFF: U+FFFD, three ids each
     assert all(r.input_tokens == len(r.prompt_token_ids) for r in t.requests)
@@ -110,6 +117,10 @@ def test_a_tokenizer_gives_the_prompts_the_server_tokenised(tmp_path):
     assert run.returncode == 0, run.stderr
     served = pd.read_parquet(tmp_path / "out" / "inflight" / "requests.parquet")
     assert served["input_tokens"].mean() == pytest.approx(np.mean([r.input_tokens for r in t.requests]))
+    small = cli("run", "--device", "sim", "--model-spec", "tiny", "--workload-config", path, "--tokenizer",
+                str(tmp_path / "tok"), "--out", str(tmp_path / "small"), "--no-progress")  # a vocabulary of 512
+    assert small.returncode == 2 and "past the model's vocabulary (512)" in small.stderr
+    assert "Traceback" not in small.stderr and not (tmp_path / "small").exists()
 
 
 def test_poisson_and_random_data(tmp_path):

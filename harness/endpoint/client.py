@@ -119,12 +119,15 @@ class EndpointClient(Executor):
             body["min_p"] = sp.min_p
         if sp.stop_token_ids:
             body["stop_token_ids"] = list(sp.stop_token_ids)
+        if s.tokenizer is not None:  # as text, less what the server's tokenisation adds itself (Llama's BOS: else two)
+            added = s.tokenizer.added_ids
+            text = s.tokenizer.decode(ids[len(added):] if ids[:len(added)] == added else ids, skip_special_tokens=False)
         if s.kind == "chat":
             assert s.tokenizer is not None
-            body["messages"] = [{"role": "user", "content": s.tokenizer.decode(ids, skip_special_tokens=False)}]
+            body["messages"] = [{"role": "user", "content": text}]
             body["max_completion_tokens"] = r.max_new_tokens
         else:
-            body["prompt"] = s.tokenizer.decode(ids, skip_special_tokens=False) if s.tokenizer is not None else ids
+            body["prompt"] = text if s.tokenizer is not None else ids
             body["max_tokens"] = r.max_new_tokens
         return body
 

@@ -18,10 +18,14 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from harness.errors import UserError
+
 BYTE_OFFSET = 3  # ids 0, 1, 2: pad, bos, eos
 
 
 class Tokenizer(Protocol):
+    added_ids: list[int]  # the ids encoding adds to any text (BOS, where the post-processor adds one)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
@@ -42,6 +46,7 @@ class ByteTokenizer:
         if vocab_size < BYTE_OFFSET + 256:
             raise ValueError(f"a byte tokenizer needs a vocabulary of {BYTE_OFFSET + 256} ids, not {vocab_size}")
         self.vocab_size = vocab_size
+        self.added_ids: list[int] = []  # (encoding adds no special token)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [BYTE_OFFSET + b for b in text.encode()]  # (no post-processor: no special token added)
@@ -71,8 +76,12 @@ class CheckpointTokenizer:
         from tokenizers import Tokenizer as HFTokenizer
 
         d = Path(directory)
-        self.tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
+        try:
+            self.tok = HFTokenizer.from_file(str(d / "tokenizer.json"))
+        except Exception as exc:  # (the library raises a bare Exception for a file it cannot parse)
+            raise UserError(f"{d / 'tokenizer.json'}: not a tokenizer the tokenizers library reads ({exc})") from None
         self.vocab_size = self.tok.get_vocab_size(with_added_tokens=False)  # (transformers' ``vocab_size``)
+        self.added_ids = self.tok.encode("").ids  # what encoding adds to any text (Llama: BOS)
         path = d / "tokenizer_config.json"
         config = json.loads(path.read_text()) if path.is_file() else {}
         self.template = chat_template(d, config)

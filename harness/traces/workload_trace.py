@@ -7,8 +7,9 @@ space and the question's text; the server tokenises that text again, BOS include
 encoding the text does not give them back (Llama 2: a lone byte piece decodes to U+FFFD, which re-encodes as
 three bytes; pieces merge across their joins), so the server's prompts are not system + question tokens long:
 ~5% longer for Llama 2's. Given the tokenizer (``--tokenizer``), the prompts are built exactly so, and are the ids
-the server computed; without it they are the random ids themselves, scaled to the server's measured mean where
-a measured run's file gives one.
+the server computed (decoded by the tokenizer's own decoder: transformers' ``clean_up_tokenization_spaces``, which
+Llama 2 sets false, is not applied); without it they are the random ids themselves, scaled to the server's measured
+mean where a measured run's file gives one.
 """
 
 from __future__ import annotations
@@ -97,7 +98,8 @@ def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer
                                                  tokenizer)
         top = max(max(p) for p in prompts)
         if top >= vocab_size:
-            raise UserError(f"--tokenizer: the prompts hold token id {top}, past the model's vocabulary ({vocab_size})")
+            raise UserError(f"--tokenizer: the prompts hold token id {top}, past the model's vocabulary "
+                            f"({vocab_size}): give the server's model (--model; --model-spec on the simulated device)")
         reqs = [TraceRequest(float(arrivals[i]), len(prompts[i % len(prompts)]), int(outputs[i % len(prompts)]),
                              prompt_token_ids=prompts[i % len(prompts)], stage=int(stage[i]), sampling=sampling)
                 for i in range(n)]
