@@ -33,6 +33,8 @@ CASES = {  # strategy, config, what the case exercises
     "static": ("static", {}),  # finished requests keep their slots until the batch ends
     "prefix-chunked": ("inflight", {"prefix_caching": True, "max_num_tokens": 256}),
     "budget-bound": ("inflight", {"max_num_tokens": 24}),  # short prompts: more decodes than a step's tokens
+    # the requests not in flight as the running list, preemption among them
+    "pipeline": ("pipeline", {"capacity_policy": "max-utilization", "kv_blocks": 300, "pipeline_stages": 2}),
 }
 
 _HAND_OUT = progress.SlotProgress.hand_out
@@ -138,7 +140,7 @@ def test_the_book_paths_do_what_the_loops_do(case, mode, monkeypatch):
     assert used["hand_out"] > 0.8 * sum(r.num_output_tokens for r in got)  # most tokens went through the book
     if case != "static":  # static schedules its own batches; elsewhere most steps commit their rows as arrays
         assert used["decode_each"] < 0.5 * used["decode_rows"]
-    if case in ("max-utilization", "overlap"):  # preemption happened: request by request where a block preempts
+    if case in ("max-utilization", "overlap", "pipeline"):  # preemption happened: request by request where it must
         assert sum(r.preemptions for r in got) > 0 and used["decode_each"] > 0
     for a, b in zip(ref, got, strict=True):
         assert (a.output_token_ids, a.token_times_s, a.finish_reason, a.preemptions, a.num_computed_tokens) == \
