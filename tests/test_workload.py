@@ -123,6 +123,30 @@ def test_a_tokenizer_gives_the_prompts_the_server_tokenised(tmp_path):
     assert "Traceback" not in small.stderr and not (tmp_path / "small").exists()
 
 
+def test_a_tokenizer_gives_random_data_as_the_server_tokenised_it(tmp_path):
+    """inference-perf's random generator (Feb 2026, random_datagen.py) sends each prompt as its drawn ids decoded,
+    special tokens kept; with the server's tokenizer each replayed prompt is that text's ids, longer than the ids
+    drawn (the lone bytes' U+FFFD), one prompt a request."""
+    from harness.serve.tokenizer import CheckpointTokenizer
+
+    text = SHARED_PREFIX.split("data:")[0] + """\
+data:
+  type: random
+  input_distribution: {min: 20, max: 40, mean: 30, std_dev: 5}
+  output_distribution: {min: 5, max: 9, mean: 7, std_dev: 0}
+"""
+    path = _write(tmp_path, "r.yaml", text)
+    tok = CheckpointTokenizer(_byte_fallback_tokenizer(tmp_path / "tok"))
+    drawn = workload_trace(load_workload(path), path, seed=0, vocab_size=1000)
+    t = workload_trace(load_workload(path), path, seed=0, vocab_size=1000, tokenizer=tok)
+    assert len(t.requests) == len(drawn.requests) == 90
+    prompts = [r.prompt_token_ids for r in t.requests]
+    assert len(set(prompts)) == 90 and all(r.input_tokens == len(r.prompt_token_ids) for r in t.requests)
+    assert all(p[0] == 1 for p in prompts)  # the server's BOS
+    assert any(i in (0, 2) for p in prompts for i in p[1:])  # drawn special tokens stay in the text, and come back
+    assert np.mean([len(p) for p in prompts]) > 1.3 * np.mean([r.input_tokens for r in drawn.requests])
+
+
 def test_poisson_and_random_data(tmp_path):
     text = SHARED_PREFIX.replace("type: constant", "type: poisson").split("data:")[0] + """\
 data:

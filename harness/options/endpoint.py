@@ -26,8 +26,9 @@ class EndpointOptions:
     tokenizer: str | None = opt(None, "a directory with tokenizer.json. --endpoint: prompts sent as its text "
                                       "(default: as token ids), outputs counted by it where the server gives no "
                                       "usage; serve: text in and out (default: the checkpoint's, or bytes for a "
-                                      "preset); --workload-config: the server's, so that shared-prefix prompts are "
-                                      "the generator's text as the server tokenised it (default: its random ids)")
+                                      "preset); --workload-config: the server's, so that shared-prefix and random "
+                                      "prompts are the generator's text as the server tokenised it (default: its "
+                                      "random ids)")
     scrape_interval: float | None = opt(None, "--endpoint: read the server's /metrics every S seconds into "
                                               "<label>/server_metrics.parquet")
     request_timeout: float | None = opt(None, "seconds a client waits for a request's whole response before it gives "

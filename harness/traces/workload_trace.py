@@ -6,10 +6,11 @@ vocabulary, decodes them to text (special tokens skipped) and sends each prompt 
 space and the question's text; the server tokenises that text again, BOS included. Decoding random ids and
 encoding the text does not give them back (Llama 2: a lone byte piece decodes to U+FFFD, which re-encodes as
 three bytes; pieces merge across their joins), so the server's prompts are not system + question tokens long:
-~5% longer for Llama 2's. Given the tokenizer (``--tokenizer``), the prompts are built exactly so, and are the ids
-the server computed (decoded by the tokenizer's own decoder: transformers' ``clean_up_tokenization_spaces``, which
-Llama 2 sets false, is not applied); without it they are the random ids themselves, scaled to the server's measured
-mean where a measured run's file gives one.
+~5% longer for Llama 2's. Its random generator sends each prompt's drawn ids decoded too, special tokens kept.
+Given the tokenizer (``--tokenizer``), the prompts are built exactly so, and are the ids the server computed
+(decoded by the tokenizer's own decoder: transformers' ``clean_up_tokenization_spaces``, which Llama 2 sets false,
+is not applied); without it they are the random ids themselves, scaled to the server's measured mean where a
+measured run's file gives one.
 """
 
 from __future__ import annotations
@@ -86,8 +87,15 @@ def shared_prefix_prompts(w: Workload, rng: np.random.Generator, vocab_size: int
     return [prompts[i] for i in order], np.asarray(outputs, dtype=np.int64)[order]
 
 
+def _check_vocabulary(prompts: list[tuple[int, ...]], vocab_size: int) -> None:
+    top = max((max(p) for p in prompts if p), default=0)
+    if top >= vocab_size:
+        raise UserError(f"--tokenizer: the prompts hold token id {top}, past the model's vocabulary "
+                        f"({vocab_size}): give the server's model (--model; --model-spec on the simulated device)")
+
+
 def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer: TextTokenizer | None = None) -> Trace:
-    """``tokenizer``: the server's, for a shared-prefix workload's prompts (module docstring)."""
+    """``tokenizer``: the server's, for a shared-prefix or random workload's prompts (module docstring)."""
     rng = np.random.default_rng(w.seed if w.seed is not None else seed)
     arrivals, stage = stage_arrivals(w, rng)
     sampling = {"ignore_eos": True} if w.ignore_eos else None  # one dict for every request: nothing writes to it
@@ -96,13 +104,20 @@ def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer
         measured = [s.prompt_tokens_mean for s in w.stages if s.prompt_tokens_mean]
         prompts, outputs = shared_prefix_prompts(w, rng, vocab_size, float(np.mean(measured)) if measured else None,
                                                  tokenizer)
-        top = max(max(p) for p in prompts)
-        if top >= vocab_size:
-            raise UserError(f"--tokenizer: the prompts hold token id {top}, past the model's vocabulary "
-                            f"({vocab_size}): give the server's model (--model; --model-spec on the simulated device)")
+        _check_vocabulary(prompts, vocab_size)
         reqs = [TraceRequest(float(arrivals[i]), len(prompts[i % len(prompts)]), int(outputs[i % len(prompts)]),
                              prompt_token_ids=prompts[i % len(prompts)], stage=int(stage[i]), sampling=sampling)
                 for i in range(n)]
+    elif w.data == "random" and tokenizer is not None:
+        # inference-perf's random generator: each prompt's drawn ids decoded to text (special tokens kept), which the
+        # server tokenises
+        assert w.input is not None
+        inp, out = w.input.draw(n, rng), w.output.draw(n, rng)
+        prompts = [tuple(tokenizer.encode(tokenizer.decode(rng.integers(0, tokenizer.vocab_size, int(k)).tolist(),
+                                                           skip_special_tokens=False))) for k in inp]
+        _check_vocabulary(prompts, vocab_size)
+        reqs = [TraceRequest(float(arrivals[i]), len(prompts[i]), int(out[i]), prompt_token_ids=prompts[i],
+                             stage=int(stage[i]), sampling=sampling) for i in range(n)]
     else:  # random / synthetic: lengths drawn per request, random ids built by the run (seeded)
         assert w.input is not None
         inp, out = w.input.draw(n, rng), w.output.draw(n, rng)
