@@ -88,9 +88,11 @@ SLOT_DTYPES = {"request_id": "string", "end": "string", "worker": "string", "slo
                "start_iteration": "int64", "decode_iteration": "int64", "end_iteration": "int64"}
 
 
-# IterationRecord's int and float fields, each column built as its array (the rest, strings and tuples, as lists)
-_ITERATION_ARRAYS = {f.name: {"int": np.int64, "float": np.float64}.get(str(f.type))
-                     for f in dataclasses.fields(IterationRecord)}
+# IterationRecord's field types: its int and float columns are built as arrays (the rest, strings and tuples, as
+# lists); its tuple columns come back from parquet as arrays, and a frame read back turns them into tuples again
+_ITERATION_TYPES = {f.name: str(f.type) for f in dataclasses.fields(IterationRecord)}
+_ITERATION_ARRAYS = {name: {"int": np.int64, "float": np.float64}.get(t) for name, t in _ITERATION_TYPES.items()}
+ITERATION_TUPLES = tuple(name for name, t in _ITERATION_TYPES.items() if t.startswith("tuple"))
 
 
 def iterations_frame(records: list[IterationRecord]) -> pd.DataFrame:

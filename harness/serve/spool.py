@@ -14,12 +14,13 @@ from __future__ import annotations
 import queue
 import shutil
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from harness.output.records import (
+    ITERATION_TUPLES,
     REQUEST_DTYPES,
     SLOT_DTYPES,
     iterations_frame,
@@ -33,8 +34,6 @@ from strategies.runtime.iteration import IterationRecord
 from strategies.runtime.request import Request
 
 CHUNK = 512  # finished requests a part holds: what a server keeps of what it ran, at most, beside what runs
-# IterationRecord's tuple fields (parquet gives them back as arrays)
-TUPLE_COLUMNS = tuple(f.name for f in fields(IterationRecord) if str(f.type).startswith("tuple"))
 
 
 @dataclass
@@ -103,7 +102,7 @@ class Spool:
         merged["requests"] = merged["requests"].astype(REQUEST_DTYPES)
         merged["slots"] = merged["slots"].astype(SLOT_DTYPES)
         it = merged["iterations"]
-        for c in TUPLE_COLUMNS:
+        for c in ITERATION_TUPLES:
             it[c] = [tuple(x) for x in it[c]]
         req = merged["requests"]
         trace = [TraceRequest(a, n, m) for a, n, m in zip(req["arrival_s"].tolist(), req["input_tokens"].tolist(),

@@ -175,8 +175,9 @@ def _client(load: dict) -> dict:
 
 def parse_inference_perf(cfg: dict) -> Workload:
     """An inference-perf config, as inference-perf dumps it (null and empty keys included): what changes the replay is
-    honoured, what does not (headers, tokenizer, reports, storage, the model server's address) is accepted, and a
-    key that is set and cannot be honoured is refused by name."""
+    honoured, what does not (headers, reports, storage, the model server's address; the tokenizer's name, as the
+    tokenizer itself is ``--tokenizer``'s) is accepted, and a key that is set and cannot be honoured is refused by
+    name."""
     _only(cfg, ("load", "api", "server", "tokenizer", "data", "metrics", "report", "storage", "circuit_breakers"), "")
     _refuse_set(cfg, "circuit_breakers", "", CIRCUIT_BREAKERS)
     load, data, api = _section(cfg, "load"), _section(cfg, "data"), _section(cfg, "api")

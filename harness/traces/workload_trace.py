@@ -108,21 +108,19 @@ def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer
         reqs = [TraceRequest(float(arrivals[i]), len(prompts[i % len(prompts)]), int(outputs[i % len(prompts)]),
                              prompt_token_ids=prompts[i % len(prompts)], stage=int(stage[i]), sampling=sampling)
                 for i in range(n)]
-    elif w.data == "random" and tokenizer is not None:
-        # inference-perf's random generator: each prompt's drawn ids decoded to text (special tokens kept), which the
-        # server tokenises
+    else:  # random / synthetic: lengths drawn per request
         assert w.input is not None
         inp, out = w.input.draw(n, rng), w.output.draw(n, rng)
-        prompts = [tuple(tokenizer.encode(tokenizer.decode(rng.integers(0, tokenizer.vocab_size, int(k)).tolist(),
-                                                           skip_special_tokens=False))) for k in inp]
-        _check_vocabulary(prompts, vocab_size)
-        reqs = [TraceRequest(float(arrivals[i]), len(prompts[i]), int(out[i]), prompt_token_ids=prompts[i],
+        prompts: list[tuple[int, ...] | None] = [None] * n  # random ids, built by the run (seeded)
+        if w.data == "random" and tokenizer is not None:
+            # inference-perf's random generator: each prompt's drawn ids decoded to text (special tokens kept), which
+            # the server tokenises
+            built = [tuple(tokenizer.encode(tokenizer.decode(rng.integers(0, tokenizer.vocab_size, int(k)).tolist(),
+                                                             skip_special_tokens=False))) for k in inp]
+            _check_vocabulary(built, vocab_size)
+            prompts, inp = list(built), [len(p) for p in built]
+        reqs = [TraceRequest(float(arrivals[i]), int(inp[i]), int(out[i]), prompt_token_ids=prompts[i],
                              stage=int(stage[i]), sampling=sampling) for i in range(n)]
-    else:  # random / synthetic: lengths drawn per request, random ids built by the run (seeded)
-        assert w.input is not None
-        inp, out = w.input.draw(n, rng), w.output.draw(n, rng)
-        reqs = [TraceRequest(float(arrivals[i]), int(inp[i]), int(out[i]), stage=int(stage[i]), sampling=sampling)
-                for i in range(n)]
     bounds = tuple((s, e, st.rate) for (s, e), st in zip(w.stage_bounds(), w.stages, strict=True))
     return Trace(tuple(reqs), path, f"workload:{w.data}/{w.load}", stages=bounds, request_timeout_s=w.request_timeout_s,
                  max_concurrency=w.max_concurrency)
