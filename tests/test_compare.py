@@ -51,7 +51,21 @@ def test_measured_formats(tmp_path, validation):
     (tmp_path / "stage_1_lifecycle_metrics.json").write_text(json.dumps(life))
     lr = pd.DataFrame(read_measured(tmp_path)).set_index(["stage", "metric", "stat"])["value"]
     assert lr[(1, "ttft_ms", "p90")] == pytest.approx(30.0) and lr[(1, "e2el_ms", "mean")] == pytest.approx(100.0)
-    assert lr[(1, "tpot_ms", "mean")] == pytest.approx(80.0 / 4) and lr[(1, "failed_pct", "value")] == 20.0
+    assert lr[(1, "failed_pct", "value")] == 20.0
+    # the report's output_len (5) and throughputs are the client's re-count and span the drain: without the run's
+    # config.yaml there is no TPOT or throughput; with it, its output_len (ignore_eos) and stage durations
+    assert (1, "tpot_ms", "mean") not in lr and (1, "request_throughput", "value") not in lr
+    (tmp_path / "config.yaml").write_text("load: {stages: [{rate: 1, duration: 3}, {rate: 5, duration: 2}]}\n"
+                                          "data: {type: shared_prefix, shared_prefix: {output_len: 9}}\n")
+    lr = pd.DataFrame(read_measured(tmp_path)).set_index(["stage", "metric", "stat"])["value"]
+    assert lr[(1, "tpot_ms", "mean")] == pytest.approx(80.0 / 8) and lr[(1, "request_throughput", "value")] == 4.0
+    assert lr[(1, "output_throughput", "value")] == 8 * 9 / 2
+    # a measured run's own reports give the figures its extracted JSON gives (7B: output_len ~200 of 248 generated)
+    run = validation.parent / "inference-perf" / "20260217-231439-llama-2-7b-tp1-general"
+    own = pd.DataFrame(read_measured(run)).set_index(["stage", "metric", "stat"])["value"]
+    for key in ((1, "tpot_ms", "mean"), (0, "tpot_ms", "mean"), (1, "request_throughput", "value"),
+                (1, "output_throughput", "value"), (1, "e2el_ms", "p90")):
+        assert own[key] == pytest.approx(rows[key], rel=1e-4), key
     vb = tmp_path / "vb.json"
     vb.write_text(json.dumps({"duration": 10.0, "completed": 9, "failed": 1, "request_throughput": 0.9,
                               "mean_ttft_ms": 12.0, "p99_ttft_ms": 40.0, "mean_tpot_ms": 3.0}))

@@ -11,7 +11,8 @@ run), metric, stat, value. Metrics and their units:
 
 Formats: a measured run's JSON as ../shared/validation keeps it (``stages`` with ``ttft_ms`` …);
 inference-perf's lifecycle reports (``stage_<k>_lifecycle_metrics.json``, ``summary_lifecycle_metrics.json``,
-seconds; or a directory holding them); a ``vllm bench serve --save-result`` file (one stage: the run).
+seconds; or a directory holding them; TPOT and throughputs from the run's ``config.yaml`` beside them:
+``read_lifecycle``); a ``vllm bench serve --save-result`` file (one stage: the run).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 from pathlib import Path
 
 from harness.errors import UserError
+from harness.traces.workload import Workload, load_workload
 
 FIGURE_COLUMNS = ["source", "stage", "metric", "stat", "value"]
 STATS = ("mean", "median", "p90", "p99")
@@ -57,22 +59,38 @@ def read_validation(path: Path, doc: dict) -> list[dict]:
 
 
 def read_lifecycle(path: Path, doc: dict, stage: int) -> list[dict]:
-    """An inference-perf lifecycle report (seconds); TPOT from its mean output length (its own count)."""
+    """An inference-perf lifecycle report (seconds). Its own output counts and throughputs are not the engine's:
+    ``output_len`` is the streamed text tokenised again on the client (Llama 2's 7B runs: ~200 of the 248 tokens
+    generated, an EOS decodes to nothing) and ``requests_per_sec`` spans the stage's drain. So TPOT and the throughputs
+    are taken, as for ../shared/validation's files, from the run's ``config.yaml`` beside the report (its
+    ``output_len`` where ``ignore_eos`` holds every request to it, its stages' durations), and left out without it."""
     src, lat = path.name, doc["successes"]["latency"]
     ttft, e2e = lat.get("time_to_first_token") or {}, lat.get("request_latency") or {}
     out = _rows(src, stage, "ttft_ms", ttft, 1e3) + _rows(src, stage, "e2el_ms", e2e, 1e3)
-    tokens = float((doc["successes"].get("output_len") or {}).get("mean") or 0)
-    if "mean" in ttft and "mean" in e2e:
-        out += _tpot(src, stage, e2e["mean"] * 1e3, ttft["mean"] * 1e3, tokens)
-    thr = doc["successes"].get("throughput") or {}
-    if "requests_per_sec" in thr:
-        out.append(_one(src, stage, "request_throughput", thr["requests_per_sec"]))
-    if "output_tokens_per_sec" in thr:
-        out.append(_one(src, stage, "output_throughput", thr["output_tokens_per_sec"]))
+    w = _beside_config(path)
+    if w is not None and stage != WHOLE_RUN and stage < len(w.stages):
+        tokens = w.output.mean if w.ignore_eos and not w.output.std_dev else None
+        dur, ok = w.stages[stage].duration_s, float(doc["successes"].get("count") or 0)
+        if tokens and "mean" in ttft and "mean" in e2e:
+            out += _tpot(src, stage, e2e["mean"] * 1e3, ttft["mean"] * 1e3, tokens)
+        out.append(_one(src, stage, "request_throughput", ok / dur))
+        if tokens:
+            out.append(_one(src, stage, "output_throughput", ok * tokens / dur))
     sent = float(doc.get("load_summary", {}).get("count") or 0)
     if sent:
         out.append(_one(src, stage, "failed_pct", 100 * float(doc.get("failures", {}).get("count", 0)) / sent))
     return out
+
+
+def _beside_config(report: Path) -> Workload | None:
+    """The workload of the inference-perf run whose report this is: its ``config.yaml``, if it is beside it."""
+    config = report.parent / "config.yaml"
+    if not config.is_file():
+        return None
+    try:
+        return load_workload(str(config))
+    except UserError as exc:
+        raise UserError(f"{report}: its run's config.yaml: {exc}") from None
 
 
 def read_vllm_bench(path: Path, doc: dict) -> list[dict]:
