@@ -56,7 +56,8 @@ def run_strategies(plan: Plan, staging: Path, measured: Measured, *, progress: b
                            warmup=warmup, on_end=lambda _r, bar=bar: bar.update(1),
                            fault_at_iteration=fault[1] if fault and fault[0] == name else None,
                            profile_iters=opts.profile_range(), cls=plan.client if name == ENDPOINT else None,
-                           request_timeout_s=opts.request_timeout or plan.trace.request_timeout_s)
+                           request_timeout_s=opts.request_timeout or plan.trace.request_timeout_s,
+                           stage_drain=plan.trace.stage_drain)
         bar.close()
         measured.add(staging, run, opts)
         for f in run.extras.get("faults", []):  # a fleet's worker that died (strategies/fleet.py), one line each

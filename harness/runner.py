@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from harness.errors import UserError
 from harness.source import TraceSource
 from harness.traces.prompts import PromptBuilder
+from harness.traces.stage_drain import StageDrain
 from harness.traces.trace import TraceRequest
 from strategies.config import ExecutorConfig
 from strategies.interface import Executor, make_clock
@@ -98,16 +99,17 @@ def run_strategy(name: str, model_cfg: ModelConfig, model: torch.nn.Module, conf
                  on_end: Callable[[Request], None] | None = None,
                  fault_at_iteration: int | None = None,
                  profile_iters: tuple[int, int] | None = None, cls: type[Executor] | None = None,
-                 request_timeout_s: float | None = None) -> StrategyRun:
+                 request_timeout_s: float | None = None, stage_drain: StageDrain | None = None) -> StrategyRun:
     """Warm up, then replay ``requests`` through strategy ``name``. Every strategy, peers included, runs
     with ``config.device_threads`` torch threads (on a device that runs torch) whatever ran before it, and
     leaves the process's thread count and switch interval as it found them. ``cls``: the executor, where it is
-    not the registry's ``name`` (an endpoint client). ``request_timeout_s``: the client's time-out (source.py)."""
+    not the registry's ``name`` (an endpoint client). ``request_timeout_s``, ``stage_drain``: the client's time-out and
+    its rule between load stages (source.py)."""
     cls = cls or executor_class(name, config)
     budget = nullcontext(0) if config.device == "sim" else compute_budget(config.device_threads)
     with budget as threads:
         run = _run(cls, model_cfg, model, config, requests, max_concurrency, warmup, on_end, fault_at_iteration,
-                   profile_iters, request_timeout_s)
+                   profile_iters, request_timeout_s, stage_drain)
     return replace(run, torch_threads=threads)
 
 
@@ -136,7 +138,8 @@ def warm_up(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module,
 def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, config: ExecutorConfig,
          requests: list[Request], max_concurrency: int | None, warmup: list[Request] | None,
          on_end: Callable[[Request], None] | None, fault_at_iteration: int | None,
-         profile_iters: tuple[int, int] | None, request_timeout_s: float | None = None) -> StrategyRun:
+         profile_iters: tuple[int, int] | None, request_timeout_s: float | None = None,
+         stage_drain: StageDrain | None = None) -> StrategyRun:
     warmup_s = 0.0
     t = time.perf_counter()
     try:
@@ -155,7 +158,8 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
     if profile_iters is not None and config.device.startswith("cuda"):
         strategy.iteration_hook = _cuda_profiler_range(*profile_iters)
     can_abort = type(strategy).abort is not Executor.abort  # an engine without abort keeps no client time-out
-    source = TraceSource(requests, max_concurrency, on_end, request_timeout_s, strategy.abort if can_abort else None)
+    source = TraceSource(requests, max_concurrency, on_end, request_timeout_s, strategy.abort if can_abort else None,
+                         stage_drain)
     error, interrupted = None, False
     clock.reset()
     try:

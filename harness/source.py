@@ -13,29 +13,53 @@ with the reason. The concurrency cap counts sessions: a session holds its place 
 send to its last turn's end, think times included.
 
 A client time-out (``request_timeout_s``: inference-perf's ``load.request_timeout``, aiohttp's total time-out) gives
-up on a request that has not ended that long after it was sent, response stream included: the engine aborts it
-(``Executor.abort``, as vLLM aborts a request whose connection closed) and it fails with the reason, as the client
+up on a request that has not ended by its deadline (``client_deadline``), response stream included: the engine aborts
+it (``Executor.abort``, as vLLM aborts a request whose connection closed) and it fails with the reason, as the client
 records it. It is checked whenever the engine polls (between steps); an executor that cannot abort keeps no
 time-out.
+
+A load generator's stages (``stage_drain``: inference-perf's, ``harness/traces/stage_drain.py``): a stage's requests
+are sent only once every request of the stage before has ended, and the whole stage moves, its gaps kept, to the
+clock it then starts on. Sessions have no stages.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
+from collections import Counter
 from collections.abc import Callable
 from itertools import count, pairwise
 
 import numpy as np
 
+from harness.traces.stage_drain import StageDrain
 from strategies.runtime.request import Request, Status
 
 UNSENT = "session ended"  # how the reason of a turn its session never sent begins
+CEIL_THRESHOLD_S = 5.0  # aiohttp's ClientTimeout.ceil_threshold: a time-out this long or longer ends on a whole second
+
+
+def client_deadline(sent_s: float, timeout_s: float) -> float:
+    """When the client gives up on a request sent at ``sent_s``. aiohttp (inference-perf's client) rounds the deadline
+    of a time-out of ``CEIL_THRESHOLD_S`` or more up to a whole second of its event loop's clock
+    (``helpers.TimeoutHandle.start``), so its default 300 s ends 300-301 s after the send, as the measured reasoning
+    run's failures did (300.0-301.0 s, mean 300.5). The loop clock's phase is unknown: the run clock's stands in."""
+    when = sent_s + timeout_s
+    return float(math.ceil(when)) if timeout_s >= CEIL_THRESHOLD_S else when
+
+
+def end_s(r: Request) -> float:
+    """When ``r`` ended as its client saw it: its last token, its failure, or (rejected) its send."""
+    if r.status is Status.FINISHED and r.finish_s is not None:
+        return r.finish_s
+    return r.failed_s if r.failed_s is not None else r.arrival_s
 
 
 class TraceSource:
     def __init__(self, requests: list[Request], max_concurrency: int | None = None,
                  on_end: Callable[[Request], None] | None = None, request_timeout_s: float | None = None,
-                 abort: Callable[[Request, str], None] | None = None) -> None:
+                 abort: Callable[[Request, str], None] | None = None, stage_drain: StageDrain | None = None) -> None:
         if max_concurrency is not None and max_concurrency <= 0:
             raise ValueError(f"--max-concurrency must be positive, got {max_concurrency}")
         if request_timeout_s is not None and not request_timeout_s > 0:
@@ -64,9 +88,43 @@ class TraceSource:
         self._later: list[tuple[float, int, Request]] = []  # later turns released, by send time (a heap)
         self._unsent_turns = len(self._successor)  # later turns not yet released or ended
         self._order = count()  # breaks send-time ties in the heap by release order
+        self._drain = stage_drain
+        if stage_drain is not None:
+            self._init_stages(stage_drain)
+
+    def _init_stages(self, drain: StageDrain) -> None:
+        if self._successor:
+            raise ValueError("a trace with sessions has no load stages")
+        stages = [r.stage for r in self._starts]
+        if stages != sorted(stages) or (stages and stages[-1] >= len(drain.origins)):
+            raise ValueError("stage drain: the requests' stages must follow their arrivals and the drain's stages")
+        self._left = Counter(stages)  # each stage's requests not ended yet
+        self._last_end: dict[int, float] = {}  # each stage's latest end so far
+        self.stage_origins = [drain.origins[0]]  # the clock each stage started on, as the stages open
+        self._open_stage = 0  # requests of later stages are held
+        self._open_next()
 
     def _gated(self) -> bool:
         return self.max_concurrency is not None and self._in_flight >= self.max_concurrency
+
+    def _held(self) -> bool:
+        """The next request to send belongs to a stage that has not opened."""
+        return self._drain is not None and self._starts[self._next].stage > self._open_stage
+
+    def _open_next(self) -> None:
+        """Open each stage whose previous stage's requests have all ended, moving its requests to its clock."""
+        drain = self._drain
+        assert drain is not None
+        while self._open_stage + 1 < len(drain.origins) and not self._left[self._open_stage]:
+            k = self._open_stage
+            origin = drain.next_origin(self.stage_origins[k], self._last_end.get(k))
+            shift = origin - drain.origins[k + 1]
+            for r in self._starts[self._next:]:
+                if r.stage != k + 1:
+                    break
+                r.arrival_s += shift
+            self.stage_origins.append(origin)
+            self._open_stage = k + 1
 
     def poll(self, now_s: float) -> list[Request]:
         self._now_s = now_s
@@ -74,7 +132,7 @@ class TraceSource:
         out = []
         while self._later and self._later[0][0] <= now_s:  # a session's next turn: its place is held
             out.append(heapq.heappop(self._later)[2])
-        while self._next < len(self._starts) and not self._gated():
+        while self._next < len(self._starts) and not self._gated() and not self._held():
             r = self._starts[self._next]
             if r.arrival_s > now_s:
                 break
@@ -84,7 +142,8 @@ class TraceSource:
             self._in_flight += 1
         if self.request_timeout_s is not None:
             for r in out:
-                heapq.heappush(self._deadlines, (r.arrival_s + self.request_timeout_s, next(self._order), r))
+                deadline = client_deadline(r.arrival_s, self.request_timeout_s)
+                heapq.heappush(self._deadlines, (deadline, next(self._order), r))
         return out
 
     def _time_out(self, now_s: float) -> None:
@@ -101,7 +160,7 @@ class TraceSource:
             heapq.heappop(self._deadlines)
         if self._deadlines:  # a client giving up is an event the engine must see, as an arrival is
             later = self._deadlines[0][0] if later is None else min(later, self._deadlines[0][0])
-        if self._next >= len(self._starts) or self._gated():
+        if self._next >= len(self._starts) or self._gated() or self._held():
             return later
         start = max(self._starts[self._next].arrival_s, self._gate_open_s)
         return start if later is None else min(start, later)
@@ -126,6 +185,11 @@ class TraceSource:
             if self._gated():
                 self._gate_open_s = self._now_s if request.finish_s is None else request.finish_s
             self._in_flight -= 1
+        if self._drain is not None:
+            k = request.stage
+            self._left[k] -= 1
+            self._last_end[k] = max(self._last_end.get(k, -math.inf), end_s(request))
+            self._open_next()
         if self.on_end is not None:
             self.on_end(request)
 

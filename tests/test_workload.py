@@ -57,7 +57,10 @@ def test_shared_prefix_as_inference_perf_builds_it(tmp_path):
     prompts = [r.prompt_token_ids for r in reqs]
     assert all(len(p) == 1 + 40 + 20 and p[0] == 1 for p in prompts)  # BOS, system prompt, question
     assert len(set(prompts)) == 12  # 3 groups x 4 prompts
-    assert all(prompts[i] == prompts[i % 12] for i in range(len(prompts)))  # request i sends prompt i mod N
+    # request i of a stage sends prompt i mod N, counted from 0 in each stage as inference-perf's generator counts
+    # (``get_request(request_number)``, range(num_requests) a stage): stage 1's first request sends prompt 0
+    assert all(prompts[i] == prompts[i % 12] for i in range(40))
+    assert all(prompts[40 + j] == prompts[j % 12] for j in range(50)) and prompts[40] != prompts[40 % 12]
     prefixes = {p[:41] for p in prompts}
     assert len(prefixes) == 3  # one system prompt per group, shared by its 4 prompts
     assert all(sum(q[:41] == p for q in prompts[:12]) == 4 for p in prefixes)
@@ -157,8 +160,15 @@ data:
     text = text.replace("rate: 10\n    duration: 5", "rate: 200\n    duration: 50")
     path = _write(tmp_path, "r.yaml", text)
     t = workload_trace(load_workload(path), path, seed=3, vocab_size=1000)
-    n1 = sum(r.stage == 1 for r in t.requests)
-    assert abs(n1 - 10_000) < 5 * 100  # Poisson count: mean 10,000, sd 100
+    # inference-perf's PoissonLoadTimer: a Poisson count of requests in each second, spread over it as its constant
+    # timer spreads a stage (the second's last request at its end), and its multi-process loop sends rate x duration
+    # of them: exactly 10,000 here (exponential gaps cut at the stage's end gave a Poisson total)
+    stage1 = np.array([r.arrival_s for r in t.requests if r.stage == 1])
+    assert len(stage1) == 200 * 50
+    ends = np.isclose(stage1 - 10.0, np.round(stage1 - 10.0), rtol=0, atol=1e-9)  # a second's last request
+    assert 45 <= ends.sum() <= 50 and np.isclose(stage1[ends] - 10.0, np.arange(1, ends.sum() + 1)).all()
+    per_second = np.bincount(np.ceil(stage1 - 10.0 - 1e-9).astype(int))[1:]
+    assert abs(per_second[:-1].mean() - 200) < 10 and 100 < per_second[:-1].var() < 300  # Poisson: var = mean
     inp = np.array([r.input_tokens for r in t.requests])
     assert inp.min() >= 10 and inp.max() <= 50 and abs(inp.mean() - 30) < 1
     assert {r.output_tokens for r in t.requests} == {7}
@@ -300,3 +310,35 @@ def test_a_client_time_out_fails_the_requests_it_gives_up_on(tmp_path):
         assert (ok["e2el_ms"] < 1500 + 100).all()
         # the engine let them go: requests admitted after the first ones failed still finished
         assert ok["admitted_s"].max() > failed["failed_s"].min()
+
+
+def test_inference_perfs_defaults_and_its_random_generator_lengths(tmp_path):
+    """As inference-perf's config reads them: ``server.ignore_eos`` left out is true (its ModelServerClientConfig
+    default); ``load.interval`` and ``num_workers: 0`` (its single-process loop: no cap, only requests due before a
+    stage's end) are honoured; a random distribution's ``total_count`` lengths are drawn once and request i of each
+    stage takes the i-th (``get_request(n)`` indexes ``input_lengths[n]``), and too few of them is refused."""
+    plain = SHARED_PREFIX.replace("  ignore_eos: true\n", "")
+    w = load_workload(_write(tmp_path, "d.yaml", plain))
+    assert w.ignore_eos and w.multi_process and w.interval_s == 1.0
+    single = plain.replace("  type: constant\n", "  type: constant\n  interval: 2.5\n  num_workers: 0\n"
+                           "  worker_max_concurrency: 100\n")
+    w = load_workload(_write(tmp_path, "s.yaml", single))
+    assert (w.interval_s, w.multi_process, w.max_concurrency) == (2.5, False, None)
+    t = workload_trace(w, "s.yaml", seed=0, vocab_size=1000)
+    assert t.stage_drain is not None and (t.stage_drain.interval_s, t.stage_drain.poll_s) == (2.5, 0.0)
+    for k, (start, end, _rate) in enumerate(t.stages):  # its last request, due at the stage's end, is not sent
+        assert all(start < r.arrival_s < end for r in t.requests if r.stage == k)
+    assert len(t) < 4 * 10 + 10 * 5
+    text = SHARED_PREFIX.split("data:")[0] + """\
+data:
+  type: random
+  input_distribution: {min: 10, max: 500, mean: 200, std_dev: 100, total_count: 60}
+  output_distribution: {min: 5, max: 90, mean: 40, std_dev: 20, total_count: 60}
+"""
+    t = workload_trace(load_workload(_write(tmp_path, "r.yaml", text)), "r.yaml", seed=1, vocab_size=1000)
+    first = [(r.input_tokens, r.output_tokens) for r in t.requests if r.stage == 0]
+    second = [(r.input_tokens, r.output_tokens) for r in t.requests if r.stage == 1]
+    assert len(first) == 40 and len(second) == 50 and second[:40] == first and len(set(first)) > 30
+    with pytest.raises(UserError, match="total_count 30 is fewer than a stage's 50 requests"):
+        workload_trace(load_workload(_write(tmp_path, "f.yaml", text.replace("total_count: 60", "total_count: 30"))),
+                       "f.yaml", seed=1, vocab_size=1000)

@@ -36,7 +36,9 @@ def fit_trace(trace: Trace, fit: Fit) -> Trace:
         reqs = reqs[: fit.limit]
     if not reqs:
         raise UserError(f"{trace.source}: no requests left after --start-offset {fit.start_offset_s}")
-    t0 = reqs[0].arrival_s
+    # a trace's clock starts at its first arrival; a load generator's stages keep theirs (a stage's first request
+    # comes a gap after its start, and its bounds and drain are on that clock; such traces are never offset)
+    t0 = 0.0 if trace.stages else reqs[0].arrival_s
     out = []
     for r in reqs:
         n_in = max(1, round(r.input_tokens * fit.length_scale))

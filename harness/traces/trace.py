@@ -6,6 +6,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from harness.traces.stage_drain import StageDrain
+
 
 @dataclass(frozen=True, slots=True)
 class TraceRequest:
@@ -44,6 +46,7 @@ class Trace:
     stages: tuple[tuple[float, float, float], ...] = ()  # a workload's load stages: (start s, end s, rate req/s)
     request_timeout_s: float | None = None  # a load generator's client time-out (harness/source.py), if it has one
     max_concurrency: int | None = None  # a load generator's cap on requests in flight, if it has one
+    stage_drain: StageDrain | None = None  # a load generator's rule between its stages (harness/source.py), if any
 
     def __len__(self) -> int:
         return len(self.requests)

@@ -7,21 +7,25 @@
   ``max_tokens``, ``ignore_eos``) and ``stages`` (``rate_rps``, ``duration_s``, and the ``prompt_tokens`` the
   server counted).
 
-Requests are built as inference-perf builds them (its generator of February 2026, the measured runs'):
+Requests are built as inference-perf builds them (its generator from the measured runs' build, of November 2025
+by their config's keys, to February 2026: the parts read here did not change):
 - shared_prefix: each of ``num_groups`` groups has one random system prompt; each of its
   ``num_prompts_per_group`` prompts is that prefix followed by a random question. The prompts are shuffled
   once (seeded), and request i sends prompt i mod N, so every prompt recurs every N requests.
 - random / synthetic: each request's lengths drawn from ``input_distribution`` / ``output_distribution``
   (a normal clipped to [min, max], rounded), random ids, nothing shared.
 - load constant: a stage's rate x duration requests, gaps drawn exponential and scaled so that they sum to
-  the duration (inference-perf's ConstantLoadTimer); poisson: exponential gaps at the rate until the
-  stage's duration. Stages run back to back; request index and prompt index continue across them.
-  (inference-perf starts a stage once the previous one's requests have finished: a replay does not wait
-  for that drain, a few seconds at the measured runs' loads. ``load.interval``, which that generator reads
-  but never uses, is accepted and ignored.)
+  the duration (inference-perf's ConstantLoadTimer); poisson: a Poisson count of requests in each second, spread
+  over it as the constant timer spreads a stage (its PoissonLoadTimer), rate x duration requests in all. (Its
+  single-process loop, ``num_workers: 0``, sends only those due before the stage's end.)
+- request i of a stage (counted from 0 in each stage, as the generator counts) sends prompt i mod N; a random
+  workload's ``total_count`` lengths are drawn once and request i of a stage takes the i-th.
+- a stage starts once every request of the one before has ended, ``load.interval`` after the check that saw it
+  (``harness/traces/stage_drain.py``).
 - the client as inference-perf's: a request not complete ``load.request_timeout`` seconds after it was sent fails
-  (where that is null, aiohttp's default session time-out, 300 s: the measured reasoning run's 4,068 failures took
-  300.0-301.0 s), and at most num_workers x worker_max_concurrency requests are in flight.
+  (where that is null, aiohttp's default session time-out, 300 s, which aiohttp ends on a whole second: the
+  measured reasoning run's 4,068 failures took 300.0-301.0 s), and at most num_workers x worker_max_concurrency
+  requests are in flight.
 
 The server tokenises the generator's text again: a measured run's ``prompt_tokens`` (BOS included) are
 ~5% longer than system prompt + question. Where the file states them (the JSON), the replayed prompts are
@@ -54,10 +58,13 @@ class Dist:
     min: int
     max: int
     std_dev: float = 0.0
+    total_count: int | None = None  # random data: this many lengths drawn once, request i of a stage takes the i-th
 
     def __post_init__(self) -> None:
         if not (0 < self.min <= self.mean <= self.max) or self.std_dev < 0:
             raise UserError(f"workload length {self}: need 0 < min <= mean <= max and std_dev >= 0")
+        if self.total_count is not None and self.total_count <= 0:
+            raise UserError(f"workload length {self}: total_count must be positive")
 
     def draw(self, n: int, rng: np.random.Generator) -> np.ndarray:
         x = np.clip(rng.normal(self.mean, self.std_dev, size=n), self.min, self.max) if self.std_dev else \
@@ -83,13 +90,15 @@ class Workload:
     prompts_per_group: int = 0
     system_prompt: Dist | None = None
     question: Dist | None = None
-    ignore_eos: bool = False
+    ignore_eos: bool = True  # (inference-perf's default: server.ignore_eos)
     seed: int | None = None  # the file's own; else the run's --seed
     # the client's: its time-out of a whole request (inference-perf's load.request_timeout; where that is null, the
     # aiohttp session's default total time-out, 300 s) and its cap on requests in flight (num_workers x
     # worker_max_concurrency; None where the file does not say both)
     request_timeout_s: float = 300.0
     max_concurrency: int | None = None
+    interval_s: float = 1.0  # load.interval: between a stage's close and the next stage (stage_drain.py)
+    multi_process: bool = True  # load.num_workers > 0 (its default): the multi-process loop's stages and counts
 
     def stage_bounds(self) -> list[tuple[float, float]]:
         ends = np.cumsum([s.duration_s for s in self.stages])
@@ -102,9 +111,11 @@ def _dist(value: Any, where: str) -> Dist:
     if isinstance(value, int | float):
         return Dist(float(value), int(value), int(value))
     if isinstance(value, dict):
-        _only(value, ("min", "max", "mean", "std_dev"), where)
+        _only(value, ("min", "max", "mean", "std_dev", "total_count"), where)
         try:
-            return Dist(float(value["mean"]), int(value["min"]), int(value["max"]), float(value.get("std_dev", 0)))
+            count = value.get("total_count")
+            return Dist(float(value["mean"]), int(value["min"]), int(value["max"]), float(value.get("std_dev", 0)),
+                        int(count) if count is not None else None)
         except (KeyError, TypeError, ValueError):
             raise UserError(f"workload config: {where} needs min, max and mean numbers") from None
     raise UserError(f"workload config: {where} must be a number or {{min, max, mean, std_dev}}")
@@ -163,13 +174,19 @@ def _client(load: dict) -> dict:
             out["request_timeout_s"] = float(timeout)
     try:
         workers, per = load.get("num_workers"), load.get("worker_max_concurrency")
-        if workers is not None and per is not None:  # each worker holds a permit per request in flight
+        # num_workers 0: inference-perf's single-process loop, a task per request and no cap
+        out["multi_process"] = workers is None or int(workers) != 0
+        if workers is not None and per is not None and out["multi_process"]:  # a permit per request in flight
             conns = load.get("worker_max_tcp_connections")
             out["max_concurrency"] = int(workers) * min(int(per), int(conns) if conns is not None else int(per))
     except (TypeError, ValueError):
         raise UserError("workload config: load.num_workers and worker_max_* must be integers") from None
-    if out.get("max_concurrency", 1) <= 0:
+    if out.get("max_concurrency", 1) <= 0 or (workers is not None and int(workers) < 0):
         raise UserError("workload config: load.num_workers and worker_max_* must be positive")
+    interval = load.get("interval", 1.0)
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 <= interval < float("inf"):
+        raise UserError(f"workload config: load.interval must be seconds >= 0, got {interval!r}")
+    out["interval_s"] = float(interval)
     return out
 
 
@@ -195,7 +212,7 @@ def parse_inference_perf(cfg: dict) -> Workload:
     if dtype not in DATA_TYPES:
         raise UserError(f"workload config: data.type {dtype!r} is not supported (supported: {', '.join(DATA_TYPES)})")
     server = _section(cfg, "server")
-    common = {"load": kind, "stages": _stages(load, kind), "ignore_eos": bool(server.get("ignore_eos", False)),
+    common = {"load": kind, "stages": _stages(load, kind), "ignore_eos": bool(server.get("ignore_eos", True)),
               **_client(load)}
     if dtype == "shared_prefix":  # its generator reads none of data's other keys
         _only(data, ("type", "shared_prefix", "path", "input_distribution", "output_distribution"), "data")
@@ -237,7 +254,7 @@ def parse_measured(doc: dict) -> Workload:
                         num_groups=int(w["num_groups"]), prompts_per_group=int(w["prompts_per_group"]),
                         system_prompt=_dist(w["system_prompt_len"], "system_prompt_len"),
                         question=_dist(w["question_len"], "question_len"), output=_dist(w["max_tokens"], "max_tokens"),
-                        ignore_eos=bool(w.get("ignore_eos", False)))
+                        ignore_eos=bool(w.get("ignore_eos", True)))
     except KeyError as exc:
         raise UserError(f"workload file: workload.{exc.args[0]} is missing") from None
 

@@ -20,6 +20,7 @@ from typing import Protocol
 import numpy as np
 
 from harness.errors import UserError
+from harness.traces.stage_drain import StageDrain
 from harness.traces.trace import Trace, TraceRequest
 from harness.traces.workload import BOS_ID, Dist, Workload
 
@@ -35,20 +36,42 @@ class TextTokenizer(Protocol):
 
 
 def stage_arrivals(w: Workload, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(arrival times, stage index) of every request, stage after stage."""
+    """(arrival times, stage index) of every request, stage after stage, each stage from its nominal start (the
+    source moves a stage to the clock it starts on: ``stage_drain.py``)."""
     times, stages = [], []
-    for k, ((start, _end), st) in enumerate(zip(w.stage_bounds(), w.stages, strict=True)):
+    for k, ((start, end), st) in enumerate(zip(w.stage_bounds(), w.stages, strict=True)):
+        n = int(st.rate * st.duration_s)
         if w.load == "constant":  # inference-perf's ConstantLoadTimer: exponential gaps scaled to the duration
-            n = int(st.rate * st.duration_s)
-            gaps = rng.exponential(1.0 / st.rate, n)
-            t = start + np.cumsum(gaps * (st.duration_s / gaps.sum())) if n else np.zeros(0)
-        else:  # poisson: exponential gaps at the rate, as long as the stage lasts
-            n_max = int(st.rate * st.duration_s * 1.5 + 50)
-            t = start + np.cumsum(rng.exponential(1.0 / st.rate, n_max))
-            t = t[t < start + st.duration_s]
+            t = start + _spread(rng, n, st.rate, st.duration_s)
+        else:  # its PoissonLoadTimer: a Poisson count each second, spread over that second as above
+            parts, at, total = [], start, 0
+            while total < n if w.multi_process else at < end:  # (the single-process loop's: while due)
+                count = int(rng.poisson(st.rate))
+                if count:
+                    parts.append(at + _spread(rng, count, count, 1.0))
+                    total += count
+                at += 1.0
+            t = np.concatenate(parts) if parts else np.zeros(0)
+            t = t[:n] if w.multi_process else t
+        if not w.multi_process:  # the single-process loop sends only what is due before the stage's end
+            t = t[t < end]
         times.append(t)
         stages.append(np.full(len(t), k, dtype=np.int64))
     return np.concatenate(times), np.concatenate(stages)
+
+
+def _spread(rng: np.random.Generator, n: int, rate: float, duration_s: float) -> np.ndarray:
+    """n send times after 0, exponential gaps at ``rate`` scaled to sum to ``duration_s`` (the last at its end)."""
+    if not n:
+        return np.zeros(0)
+    gaps = rng.exponential(1.0 / rate, n)
+    return np.cumsum(gaps * (duration_s / gaps.sum()))
+
+
+def index_in_stage(stage: np.ndarray) -> np.ndarray:
+    """Each request's index within its stage (the generator counts each stage's requests from 0)."""
+    first = np.searchsorted(stage, stage)  # [N] (stages ascending) the stage's first request
+    return np.arange(len(stage)) - first
 
 
 def _scaled(d: Dist, f: float) -> Dist:
@@ -98,6 +121,7 @@ def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer
     """``tokenizer``: the server's, for a shared-prefix or random workload's prompts (module docstring)."""
     rng = np.random.default_rng(w.seed if w.seed is not None else seed)
     arrivals, stage = stage_arrivals(w, rng)
+    at = index_in_stage(stage)  # [N] request i of its stage
     sampling = {"ignore_eos": True} if w.ignore_eos else None  # one dict for every request: nothing writes to it
     n = len(arrivals)
     if w.data == "shared_prefix":
@@ -105,12 +129,12 @@ def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer
         prompts, outputs = shared_prefix_prompts(w, rng, vocab_size, float(np.mean(measured)) if measured else None,
                                                  tokenizer)
         _check_vocabulary(prompts, vocab_size)
-        reqs = [TraceRequest(float(arrivals[i]), len(prompts[i % len(prompts)]), int(outputs[i % len(prompts)]),
-                             prompt_token_ids=prompts[i % len(prompts)], stage=int(stage[i]), sampling=sampling)
-                for i in range(n)]
-    else:  # random / synthetic: lengths drawn per request
+        which = (at % len(prompts)).tolist()
+        reqs = [TraceRequest(float(arrivals[i]), len(prompts[j]), int(outputs[j]), prompt_token_ids=prompts[j],
+                             stage=int(stage[i]), sampling=sampling) for i, j in enumerate(which)]
+    else:  # random / synthetic: lengths drawn per request, or once (total_count) and taken by index in the stage
         assert w.input is not None
-        inp, out = w.input.draw(n, rng), w.output.draw(n, rng)
+        inp, out = _lengths(w.input, "input", at, rng), _lengths(w.output, "output", at, rng)
         prompts: list[tuple[int, ...] | None] = [None] * n  # random ids, built by the run (seeded)
         if w.data == "random" and tokenizer is not None:
             # inference-perf's random generator: each prompt's drawn ids decoded to text (special tokens kept), which
@@ -121,6 +145,18 @@ def workload_trace(w: Workload, path: str, seed: int, vocab_size: int, tokenizer
             prompts, inp = list(built), [len(p) for p in built]
         reqs = [TraceRequest(float(arrivals[i]), int(inp[i]), int(out[i]), prompt_token_ids=prompts[i],
                              stage=int(stage[i]), sampling=sampling) for i in range(n)]
-    bounds = tuple((s, e, st.rate) for (s, e), st in zip(w.stage_bounds(), w.stages, strict=True))
-    return Trace(tuple(reqs), path, f"workload:{w.data}/{w.load}", stages=bounds, request_timeout_s=w.request_timeout_s,
-                 max_concurrency=w.max_concurrency)
+    bounds = w.stage_bounds()
+    drain = StageDrain.of_loop(tuple(s for s, _ in bounds), w.interval_s, w.multi_process)
+    return Trace(tuple(reqs), path, f"workload:{w.data}/{w.load}",
+                 stages=tuple((s, e, st.rate) for (s, e), st in zip(bounds, w.stages, strict=True)),
+                 request_timeout_s=w.request_timeout_s, max_concurrency=w.max_concurrency, stage_drain=drain)
+
+
+def _lengths(d: Dist, name: str, at: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """[N] lengths: drawn per request, or (``total_count``) drawn once and request i of a stage taking the i-th."""
+    if d.total_count is None:
+        return d.draw(len(at), rng)
+    if len(at) and at.max() >= d.total_count:
+        raise UserError(f"workload config: data.{name}_distribution.total_count {d.total_count} is fewer than a "
+                        f"stage's {int(at.max()) + 1} requests (inference-perf's random generator would run out)")
+    return d.draw(d.total_count, rng)[at]
