@@ -1,7 +1,7 @@
 """The requests of a workload (``harness/traces/workload.py``): arrivals stage after stage, prompts as the
 load generator builds them, each request tagged with its stage.
 
-inference-perf's shared-prefix generator (as of February 2026) draws random token ids over its tokenizer's
+inference-perf's shared-prefix generator (November 2025 to February 2026) draws random token ids over its tokenizer's
 vocabulary, decodes them to text (special tokens skipped) and sends each prompt as the group's system text, a
 space and the question's text; the server tokenises that text again, BOS included. Decoding random ids and
 encoding the text does not give them back (Llama 2: a lone byte piece decodes to U+FFFD, which re-encodes as
