@@ -176,8 +176,11 @@ def _run(cls: type[Executor], model_cfg: ModelConfig, model: torch.nn.Module, co
             if not r.status.terminal:
                 r.end(Status.FAILED, error, wall)
                 r.leave_slot()
+    extras = strategy.extras()
+    if stage_drain is not None:
+        extras["stage_starts_s"] = source.stage_origins
     return StrategyRun(cls.name, requests, strategy.records, wall, error, interrupted, warmup_s,
-                       tenures=strategy.slot_tenures(), extras=strategy.extras())
+                       tenures=strategy.slot_tenures(), extras=extras)
 
 
 def _cuda_profiler_range(first: int, last: int) -> Callable[[int], None]:

@@ -6,6 +6,8 @@ The expected values are worked from inference-perf's load generator (``load_gene
 and aiohttp's ``helpers.TimeoutHandle.start`` (``when = ceil(loop.time() + timeout)`` for a time-out of 5 s or
 more), not from this repository's code."""
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -93,3 +95,6 @@ def test_a_replay_starts_a_stage_once_the_stage_before_has_drained(tmp_path):
         origin = -1.0 + np.ceil(last_end + 1.0) + 1.0 + 1.0  # checks from -1 each second, interval 1, lead 1
         moved = np.sort(second["arrival_s"].to_numpy()) - (nominal - 2.0)
         assert np.allclose(moved, origin), strategy
+        run = json.loads((out / "run.json").read_text())
+        starts = next(s["stage_starts_s"] for s in run["strategies"] if s["name"] == strategy)
+        assert starts == [0.0, pytest.approx(origin)] and run["trace"]["stages"][1]["start_s"] == 2.0  # as drawn

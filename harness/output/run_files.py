@@ -44,7 +44,9 @@ def write_run_files(staging: Path, opts: RunOptions, executor: ExecutorConfig, s
                   "stages": [{"start_s": s, "end_s": e, "rate_rps": r} for s, e, r in trace.stages]},
         "strategies": [{"name": r.name, "wall_s": r.wall_s, "warmup_s": r.warmup_s, "error": r.error,
                         "interrupted": r.interrupted, "torch_threads": r.torch_threads,
-                        "faults": r.extras.get("faults", [])} for r in runs],
+                        "faults": r.extras.get("faults", []),
+                        # when each load stage's clock started in this run (stages wait for a drain: source.py)
+                        "stage_starts_s": r.extras.get("stage_starts_s", [])} for r in runs],
     }
     atomic_write_json(staging / "run.json", run_json)
     atomic_write_text(staging / "summary.csv", summary.to_csv(index=False))
