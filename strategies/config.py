@@ -25,7 +25,7 @@ class ExecutorConfig:
     kv_blocks: int | None = None  # None: enough for every slot at max_seq_len
     prefix_caching: bool = False  # reuse full KV blocks by content hash across requests
     kv_offload_blocks: int = 0  # the host KV tier's blocks: cached blocks the GPU pool evicts go there (0: none)
-    kv_watermark: float = 0.01  # max-utilization: free-block fraction kept back while requests run (vLLM's)
+    kv_watermark: float = 0.0  # max-utilization: free-block fraction kept back while requests run (vLLM V1: none)
     cross_kv_blocks: int | None = None  # encoder–decoder: cross-attention KV blocks (None: as many as --kv-blocks)
     pipeline_stages: int = 2  # pipeline strategy: stage processes (--pp), each a contiguous range of layers
     num_micro_batches: int | None = None  # pipeline: micro-batches in flight (None: one per stage)

@@ -1,18 +1,20 @@
 """Iteration-level scheduling with capacity policies, shared by the in-flight and overlap strategies.
 
 Each call builds one iteration within the token budget: running requests that decode get their one
-token first, then running prefills get chunks (vLLM's and Sarathi-Serve's order, so a long prompt
-never delays a running request's next token), then requests from the head of the queue are admitted
+token first, then running prefills get chunks (vLLM V0's and Sarathi-Serve's order, so a long prompt
+never delays a running request's next token; vLLM V1 walks its running requests in admission order, which
+differs only where the budget binds), then requests from the head of the queue are admitted
 into free slots while the budget, the batch size and the KV policy allow. An admitted request starts
 from its longest cached prefix (prefix caching) and computes only the rest.
 
 - guaranteed-no-evict: a request is admitted only if the blocks it needs to completion are free; they
   are taken at admission, so nothing is ever evicted.
-- max-utilization: a request is admitted if its current need fits with a watermark of free blocks to
-  spare while others run (vLLM's 1% by default), so it is not admitted only to be preempted at once;
+- max-utilization (vLLM V1's ``allocate_slots``): a request is admitted if its current need fits, less a
+  watermark of free blocks kept back while others run (``--kv-watermark``: 0, as V1; V0 kept 1%);
   when a running request cannot grow, the most recently admitted request is preempted (slot and blocks
-  freed, requeued at the front) and later recomputes its prompt plus the tokens it had generated.
-  Sampling is counter-based, so its tokens come out unchanged.
+  freed, requeued at the front) and later recomputes its prompt plus the tokens it had generated, and
+  a step that preempted admits no one (V1's ``if not preempted_reqs``: the room just freed goes to the
+  running requests that grow). Sampling is counter-based, so its tokens come out unchanged.
 """
 
 from __future__ import annotations
@@ -90,7 +92,7 @@ class IterationScheduler:
         rows = len(batch.context) + len(batch.gen_requests)
         if self.config.max_beam_width > 1:  # a beam request decodes K rows: count every running request's
             rows = sum(r.width for r in running)
-        while waiting and free_slots > 0 and budget > 0:
+        while waiting and free_slots > 0 and budget > 0 and not batch.preempted:
             r = waiting[0]
             if rows + r.width > self.config.max_batch_size:
                 break

@@ -104,7 +104,8 @@ class RunOptions(EndpointOptions, DisaggOptions):
     kv_offload_blocks: int = _opt(0, "host KV tier: blocks of host memory that cached blocks the KV pool evicts go "
                                      "to, onloaded again on a prefix hit (needs --prefix-caching; 0: none)")
     kv_offloading_size: float | None = _opt(None, "the host KV tier in GiB instead, as vLLM sizes it (all TP ranks')")
-    kv_watermark: float = _opt(0.01, "max-utilization: fraction of KV blocks kept free while requests run")
+    kv_watermark: float = _opt(0.0, "max-utilization: fraction of KV blocks kept free while requests run "
+                                    "(vLLM V1 keeps none; V0 kept 0.01)")
     temperature: float = _opt(0.0, "sampling temperature (0: greedy)")
     top_k: int = _opt(0, "top-k (0: off)")
     top_p: float = _opt(1.0, "top-p (1: off)")
