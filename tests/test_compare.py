@@ -60,6 +60,10 @@ def test_measured_formats(tmp_path, validation):
     lr = pd.DataFrame(read_measured(tmp_path)).set_index(["stage", "metric", "stat"])["value"]
     assert lr[(1, "tpot_ms", "mean")] == pytest.approx(80.0 / 8) and lr[(1, "request_throughput", "value")] == 4.0
     assert lr[(1, "output_throughput", "value")] == 8 * 9 / 2
+    # a config the replay does not take (a newer inference-perf's key here) leaves them out, never the latencies
+    (tmp_path / "config.yaml").write_text("load: {stages: [{rate: 1, duration: 3}], lora_traffic_split: null}\n")
+    lr = pd.DataFrame(read_measured(tmp_path)).set_index(["stage", "metric", "stat"])["value"]
+    assert (1, "tpot_ms", "mean") not in lr and lr[(1, "ttft_ms", "p90")] == pytest.approx(30.0)
     # a measured run's own reports give the figures its extracted JSON gives (7B: output_len ~200 of 248 generated)
     run = validation.parent / "inference-perf" / "20260217-231439-llama-2-7b-tp1-general"
     own = pd.DataFrame(read_measured(run)).set_index(["stage", "metric", "stat"])["value"]

@@ -291,6 +291,33 @@ def test_watermark_keeps_max_utilization_from_admitting_what_it_must_preempt():
     assert preemptions[0.0] > 0 and preemptions[0.25] == 0
 
 
+def test_a_step_that_preempts_admits_no_one(monkeypatch):
+    """vLLM V1's scheduler (``Scheduler.schedule``: ``if not preempted_reqs:`` before the waiting requests): the
+    blocks a preemption frees go to the running requests that grow, not to an admission in the same step. With
+    prefix caching and a small budget, the victim at the queue's head fits again at once (its freed blocks are
+    cached hits, and the budget left asks only a few tokens of it): the old rule re-admitted it in the step that
+    preempted it, ten times in this run."""
+    _, scripted = tiny_models()
+    steps = []
+    schedule = IterationScheduler.schedule
+
+    def recording(self, iteration, queues, running):
+        batch = schedule(self, iteration, queues, running)
+        steps.append((len(batch.preempted), len(batch.admitted)))
+        return batch
+
+    monkeypatch.setattr(IterationScheduler, "schedule", recording)
+    reqs = make_requests([(list(range(1 + i, 9 + i)), 24, SamplingParams(ignore_eos=True)) for i in range(10)])
+    for i, r in enumerate(reqs):
+        r.arrival_s = 0.0 if i < 4 else 1e-3 * i
+    cfg = ExecutorConfig(max_batch_size=6, max_seq_len=64, max_num_tokens=6, tokens_per_block=4, kv_blocks=16,
+                         capacity_policy="max-utilization", prefix_caching=True)
+    run_strategy("inflight", TINY64, scripted, cfg, reqs)
+    assert all(r.status is Status.FINISHED for r in reqs)
+    preempting = [admitted for preempted, admitted in steps if preempted]
+    assert len(preempting) > 5 and not any(preempting), steps
+
+
 def test_static_holds_the_blocks_its_padding_and_finished_rows_write():
     _, scripted = tiny_models()
     specs = [(list(range(1, 5)), 2, SamplingParams(ignore_eos=True)), (list(range(1, 21)), 10,

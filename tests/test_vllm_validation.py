@@ -70,16 +70,17 @@ def test_tensor_parallel_replay_within_five_percent_of_vllm(validation, tmp_path
 
 def test_an_overloaded_replay_fails_and_waits_as_vllm(validation, tmp_path):
     """The 7B reasoning run at full length: vLLM failed 84.8% of its 4,800 requests on the client's 300 s time-out and
-    its survivors waited 107 s for their first token. Held to the issue's bar, failures and the survivors' TTFT mean
-    within 25%, with vLLM V1's KV allocation (max-utilization: blocks as tokens need them, the latest admitted
-    preempted when one cannot grow), which decides how many requests run at once when the cache is full."""
+    its survivors waited 107 s for their first token. The issue's bar is 25% on both; they are held to 10% here,
+    with vLLM V1's KV allocation (max-utilization: blocks as tokens need them, the latest admitted preempted when one
+    cannot grow), which decides how many requests run at once when the cache is full: reserving each request's whole
+    output at admission (the default policy) gives a TTFT mean 20% high (docs/simulator.md)."""
     measured, req = _replay(validation, tmp_path, "llama-2-7b-tp1-reasoning", 1e9)
     st = measured["stages"][0]
     failed = (req["status"] == "failed").sum()
-    assert failed / st["failed"] == pytest.approx(1, rel=0.25)
+    assert failed / st["failed"] == pytest.approx(1, rel=0.10)
     assert (req["finish_reason"][req["status"] == "failed"].str.startswith("timeout")).all()
     ttft = req.loc[req["status"] == "finished", "ttft_ms"].mean()
-    assert ttft / st["ttft_ms"]["mean"] == pytest.approx(1, rel=0.25), (failed, ttft)
+    assert ttft / st["ttft_ms"]["mean"] == pytest.approx(1, rel=0.10), (failed, ttft)
 
 
 def _within(measured: dict, req: pd.DataFrame, stages) -> None:

@@ -190,7 +190,7 @@ def test_measured_json_sizes_prompts_to_the_server_count(validation):
     ("load: {type: concurrent, stages: [{rate: 1, duration: 1}]}\ndata: {type: random}\n", "load.type 'concurrent'"),
     ("load: {stages: [{rate: 1, duration: 1}]}\ndata: {type: shareGPT}\n", "data.type 'shareGPT'"),
     ("load: {stages: [{rate: 1, duration: 1}]}\ndata: {type: shared_prefix, shared_prefix: {enable_multi_turn_chat: "
-     "true}}\n", "data.shared_prefix.enable_multi_turn_chat is not supported"),
+     "true}}\n", "data.shared_prefix.enable_multi_turn_chat is set"),
     ("load: {stages: []}\ndata: {type: random}\n", "load.stages must list"),
     ("load: {stages: [{rate: 1, duration: 1}]}\nbogus: 1\n", "config: bogus is not supported"),
     ("load: [1, 2\n", "not valid YAML"),
@@ -311,34 +311,3 @@ def test_a_client_time_out_fails_the_requests_it_gives_up_on(tmp_path):
         # the engine let them go: requests admitted after the first ones failed still finished
         assert ok["admitted_s"].max() > failed["failed_s"].min()
 
-
-def test_inference_perfs_defaults_and_its_random_generator_lengths(tmp_path):
-    """As inference-perf's config reads them: ``server.ignore_eos`` left out is true (its ModelServerClientConfig
-    default); ``load.interval`` and ``num_workers: 0`` (its single-process loop: no cap, only requests due before a
-    stage's end) are honoured; a random distribution's ``total_count`` lengths are drawn once and request i of each
-    stage takes the i-th (``get_request(n)`` indexes ``input_lengths[n]``), and too few of them is refused."""
-    plain = SHARED_PREFIX.replace("  ignore_eos: true\n", "")
-    w = load_workload(_write(tmp_path, "d.yaml", plain))
-    assert w.ignore_eos and w.multi_process and w.interval_s == 1.0
-    single = plain.replace("  type: constant\n", "  type: constant\n  interval: 2.5\n  num_workers: 0\n"
-                           "  worker_max_concurrency: 100\n")
-    w = load_workload(_write(tmp_path, "s.yaml", single))
-    assert (w.interval_s, w.multi_process, w.max_concurrency) == (2.5, False, None)
-    t = workload_trace(w, "s.yaml", seed=0, vocab_size=1000)
-    assert t.stage_drain is not None and (t.stage_drain.interval_s, t.stage_drain.poll_s) == (2.5, 0.0)
-    for k, (start, end, _rate) in enumerate(t.stages):  # its last request, due at the stage's end, is not sent
-        assert all(start < r.arrival_s < end for r in t.requests if r.stage == k)
-    assert len(t) < 4 * 10 + 10 * 5
-    text = SHARED_PREFIX.split("data:")[0] + """\
-data:
-  type: random
-  input_distribution: {min: 10, max: 500, mean: 200, std_dev: 100, total_count: 60}
-  output_distribution: {min: 5, max: 90, mean: 40, std_dev: 20, total_count: 60}
-"""
-    t = workload_trace(load_workload(_write(tmp_path, "r.yaml", text)), "r.yaml", seed=1, vocab_size=1000)
-    first = [(r.input_tokens, r.output_tokens) for r in t.requests if r.stage == 0]
-    second = [(r.input_tokens, r.output_tokens) for r in t.requests if r.stage == 1]
-    assert len(first) == 40 and len(second) == 50 and second[:40] == first and len(set(first)) > 30
-    with pytest.raises(UserError, match="total_count 30 is fewer than a stage's 50 requests"):
-        workload_trace(load_workload(_write(tmp_path, "f.yaml", text.replace("total_count: 60", "total_count: 30"))),
-                       "f.yaml", seed=1, vocab_size=1000)

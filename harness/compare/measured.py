@@ -63,7 +63,8 @@ def read_lifecycle(path: Path, doc: dict, stage: int) -> list[dict]:
     ``output_len`` is the streamed text tokenised again on the client (Llama 2's 7B runs: ~200 of the 248 tokens
     generated, an EOS decodes to nothing) and ``requests_per_sec`` spans the stage's drain. So TPOT and the throughputs
     are taken, as for ../shared/validation's files, from the run's ``config.yaml`` beside the report (its
-    ``output_len`` where ``ignore_eos`` holds every request to it, its stages' durations), and left out without it."""
+    ``output_len`` where ``ignore_eos`` holds every request to it, its stages' durations), and left out without one
+    that ``--workload-config`` reads."""
     src, lat = path.name, doc["successes"]["latency"]
     ttft, e2e = lat.get("time_to_first_token") or {}, lat.get("request_latency") or {}
     out = _rows(src, stage, "ttft_ms", ttft, 1e3) + _rows(src, stage, "e2el_ms", e2e, 1e3)
@@ -83,14 +84,15 @@ def read_lifecycle(path: Path, doc: dict, stage: int) -> list[dict]:
 
 
 def _beside_config(report: Path) -> Workload | None:
-    """The workload of the inference-perf run whose report this is: its ``config.yaml``, if it is beside it."""
+    """The workload of the inference-perf run whose report this is: its ``config.yaml``, if it is beside it and a
+    replay could read it (else None: the report's latencies are still compared)."""
     config = report.parent / "config.yaml"
     if not config.is_file():
         return None
     try:
         return load_workload(str(config))
-    except UserError as exc:
-        raise UserError(f"{report}: its run's config.yaml: {exc}") from None
+    except UserError:  # a workload the replay does not take (another data type, a sweep, newer keys)
+        return None
 
 
 def read_vllm_bench(path: Path, doc: dict) -> list[dict]:

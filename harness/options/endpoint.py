@@ -32,7 +32,8 @@ class EndpointOptions:
     scrape_interval: float | None = opt(None, "--endpoint: read the server's /metrics every S seconds into "
                                               "<label>/server_metrics.parquet")
     request_timeout: float | None = opt(None, "seconds a client waits for a request's whole response before it gives "
-                                              "up: the request fails and the engine aborts it (default: none; with "
+                                              "up: the request fails and the engine aborts it; as aiohttp (inference-"
+                                              "perf's client), 5 s or more end on a whole second (default: none; with "
                                               "--workload-config, the load generator's: inference-perf's "
                                               "load.request_timeout, or aiohttp's 300 s where it is null)")
 

@@ -114,10 +114,12 @@ def _dist(value: Any, where: str) -> Dist:
         _only(value, ("min", "max", "mean", "std_dev", "total_count"), where)
         try:
             count = value.get("total_count")
+            if count is not None and (isinstance(count, bool) or int(count) != count):
+                raise ValueError
             return Dist(float(value["mean"]), int(value["min"]), int(value["max"]), float(value.get("std_dev", 0)),
                         int(count) if count is not None else None)
         except (KeyError, TypeError, ValueError):
-            raise UserError(f"workload config: {where} needs min, max and mean numbers") from None
+            raise UserError(f"workload config: {where} needs min, max and mean numbers (total_count: an integer)") from None
     raise UserError(f"workload config: {where} must be a number or {{min, max, mean, std_dev}}")
 
 
@@ -143,7 +145,9 @@ def _stages(load: dict, kind: str) -> tuple[Stage, ...]:
     for i, st in enumerate(rows):
         if not isinstance(st, dict):
             raise UserError(f"workload config: load.stages[{i}] must be a mapping")
-        _only(st, ("rate", "duration"), f"load.stages[{i}]")
+        _only(st, ("rate", "duration", "num_requests", "concurrency_level"), f"load.stages[{i}]")
+        for key in ("num_requests", "concurrency_level"):  # (a concurrent stage's; null in a rate stage)
+            _refuse_set(st, key, f"load.stages[{i}].", "a concurrent load stage is not supported")
         try:
             rate, duration = float(st["rate"]), float(st["duration"])
         except (KeyError, TypeError, ValueError):
@@ -158,8 +162,8 @@ CIRCUIT_BREAKERS = "circuit breakers end a stage on its failures, which a replay
 
 
 def _refuse_set(obj: dict, key: str, where: str, why: str) -> None:
-    """A key that would change the replay in a way it cannot honour: refused when set (null or empty: absent)."""
-    if obj.get(key) not in (None, [], {}):
+    """A key that would change the replay in a way it cannot honour: refused when set (null, empty or false: absent)."""
+    if obj.get(key) not in (None, [], {}, False):
         raise UserError(f"workload config: {where}{key} is set: {why}")
 
 
@@ -199,37 +203,45 @@ def parse_inference_perf(cfg: dict) -> Workload:
     _refuse_set(cfg, "circuit_breakers", "", CIRCUIT_BREAKERS)
     load, data, api = _section(cfg, "load"), _section(cfg, "data"), _section(cfg, "api")
     _only(load, ("type", "stages", "interval", "num_workers", "worker_max_concurrency", "worker_max_tcp_connections",
-                 "sweep", "circuit_breakers", "request_timeout"), "load")
+                 "sweep", "circuit_breakers", "request_timeout", "trace", "lora_traffic_split"), "load")
     _refuse_set(load, "sweep", "load.", "a sweep measures its own stages first; give the stages it chose")
+    _refuse_set(load, "trace", "load.", "a trace's own times are replayed with --trace")
+    _refuse_set(load, "lora_traffic_split", "load.", "LoRA adapters are not modelled")
     _refuse_set(load, "circuit_breakers", "load.", CIRCUIT_BREAKERS)
     kind = load.get("type", "constant")
     if kind not in LOADS:
         raise UserError(f"workload config: load.type {kind!r} is not supported (supported: {', '.join(LOADS)})")
-    _only(api, ("type", "streaming", "headers"), "api")
+    _only(api, ("type", "streaming", "headers", "slo_unit", "slo_tpot_header", "slo_ttft_header"), "api")
     if api.get("type", "completion") not in APIS:
         raise UserError(f"workload config: api.type {api.get('type')!r} is not supported ({', '.join(APIS)})")
     dtype = data.get("type", "shared_prefix")
+    _refuse_set(data, "trace", "data.", "a trace's own times are replayed with --trace")
     if dtype not in DATA_TYPES:
         raise UserError(f"workload config: data.type {dtype!r} is not supported (supported: {', '.join(DATA_TYPES)})")
     server = _section(cfg, "server")
     common = {"load": kind, "stages": _stages(load, kind), "ignore_eos": bool(server.get("ignore_eos", True)),
               **_client(load)}
+    for i, st in enumerate(common["stages"]):
+        if common["multi_process"] and int(st.rate * st.duration_s) == 0:  # (its progress divides by the count)
+            raise UserError(f"workload config: load.stages[{i}] sends no request (rate x duration < 1), which "
+                            "inference-perf's multi-process load generator cannot run")
     if dtype == "shared_prefix":  # its generator reads none of data's other keys
-        _only(data, ("type", "shared_prefix", "path", "input_distribution", "output_distribution"), "data")
+        _only(data, ("type", "shared_prefix", "path", "input_distribution", "output_distribution", "trace"), "data")
         sp = _section(data, "shared_prefix", "data.")
         _only(sp, ("num_groups", "num_unique_system_prompts", "num_prompts_per_group", "num_users_per_system_prompt",
                    "system_prompt_len", "question_len", "output_len", "question_distribution", "output_distribution",
-                   "seed"), "data.shared_prefix")
+                   "seed", "enable_multi_turn_chat"), "data.shared_prefix")
+        _refuse_set(sp, "enable_multi_turn_chat", "data.shared_prefix.", "its multi-turn sessions are not replayed")
         groups = int(sp.get("num_groups", sp.get("num_unique_system_prompts", 10)))
         per = int(sp.get("num_prompts_per_group", sp.get("num_users_per_system_prompt", 10)))
         if groups <= 0 or per <= 0:
             raise UserError("workload config: shared_prefix groups and prompts per group must be positive")
         return Workload(data=dtype, num_groups=groups, prompts_per_group=per,
                         system_prompt=_dist(sp.get("system_prompt_len", 100), "system_prompt_len"),
-                        question=_dist(sp.get("question_distribution", sp.get("question_len", 50)), "question_len"),
-                        output=_dist(sp.get("output_distribution", sp.get("output_len", 50)), "output_len"),
+                        question=_dist(sp.get("question_distribution") or sp.get("question_len", 50), "question_len"),
+                        output=_dist(sp.get("output_distribution") or sp.get("output_len", 50), "output_len"),
                         seed=sp.get("seed"), **common)
-    _only(data, ("type", "input_distribution", "output_distribution", "path", "shared_prefix"), "data")
+    _only(data, ("type", "input_distribution", "output_distribution", "path", "shared_prefix", "trace"), "data")
     for key in ("input_distribution", "output_distribution"):
         if key not in data:
             raise UserError(f"workload config: data.type {dtype} needs data.{key}")
