@@ -119,7 +119,8 @@ def _dist(value: Any, where: str) -> Dist:
             return Dist(float(value["mean"]), int(value["min"]), int(value["max"]), float(value.get("std_dev", 0)),
                         int(count) if count is not None else None)
         except (KeyError, TypeError, ValueError):
-            raise UserError(f"workload config: {where} needs min, max and mean numbers (total_count: an integer)") from None
+            raise UserError(f"workload config: {where} needs min, max and mean numbers (total_count: an "
+                            "integer)") from None
     raise UserError(f"workload config: {where} must be a number or {{min, max, mean, std_dev}}")
 
 
