@@ -70,18 +70,15 @@ def test_aiohttp_ends_a_long_time_out_on_a_whole_second():
     assert client_deadline(12.25, 1.5) == 13.75  # shorter ones are not rounded
 
 
-STAGED = """\
-load:
-  type: constant
-  interval: 1.0
-  stages:
-  - {rate: 2, duration: 2}
-  - {rate: 2, duration: 2}
-api: {type: completion, streaming: true}
-data:
-  type: shared_prefix
-  shared_prefix: {num_groups: 1, num_prompts_per_group: 4, system_prompt_len: 30, question_len: 30, output_len: 300}
-"""
+def _staged(load: str, stages: list[tuple[float, float]], output_len: int) -> str:
+    """A two-stage shared-prefix config: one group of 4 prompts, ``output_len`` tokens each."""
+    rows = "".join(f"  - {{rate: {r}, duration: {d}}}\n" for r, d in stages)
+    return (f"load:\n  type: {load}\n  interval: 1.0\n  stages:\n{rows}api: {{type: completion, streaming: true}}\n"
+            "data:\n  type: shared_prefix\n  shared_prefix: {num_groups: 1, num_prompts_per_group: 4, "
+            f"system_prompt_len: 30, question_len: 30, output_len: {output_len}}}\n")
+
+
+STAGED = _staged("constant", [(2, 2), (2, 2)], 300)
 
 
 def test_a_replay_starts_a_stage_once_the_stage_before_has_drained(tmp_path):
@@ -153,17 +150,7 @@ def test_a_client_gives_up_on_a_whole_second_of_its_clock():
     assert aborted == [("0", "timeout: no complete response 300 s after it was sent")]
 
 
-POISSON = """\
-load:
-  type: poisson
-  stages:
-  - {rate: 4, duration: 10}
-  - {rate: 10, duration: 5}
-api: {type: completion, streaming: true}
-data:
-  type: shared_prefix
-  shared_prefix: {num_groups: 1, num_prompts_per_group: 4, system_prompt_len: 30, question_len: 30, output_len: 30}
-"""
+POISSON = _staged("poisson", [(4, 10), (10, 5)], 30)
 
 
 def test_poisson_stages_that_overrun_their_duration_replay_one_after_the_other(tmp_path):
