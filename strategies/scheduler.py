@@ -126,6 +126,8 @@ class IterationScheduler:
         lasts. Chosen over the book's counters, as array operations over the running slots; committed as arrays
         in the common step (one row a request, and no decode's new block would preempt), else request by
         request (``_decode_each``). Returns the requests still prefilling and the budget left."""
+        if not running:  # an idle engine's admissions: no row to choose, and no array pass to pay (~10-100 us)
+            return [], budget
         slots = running.slots  # [N]
         c = self.book.counters[slots]  # [N, 6]
         computed = c[:, COMPUTED]  # [N]
