@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import pairwise
 
 MULTI_PROCESS_LEAD_S = 1.0  # the multi-process loop's first request time is T_k = the stage's start + 1 s
 MULTI_PROCESS_POLL_S = 1.0  # and it checks once a second whether the stage's requests have all ended
@@ -34,7 +35,7 @@ class StageDrain:
     def __post_init__(self) -> None:
         if self.interval_s < 0 or self.poll_s < 0 or self.lead_s < 0:
             raise ValueError(f"stage drain: interval, poll and lead must be >= 0, got {self}")
-        if any(b < a for a, b in zip(self.origins, self.origins[1:], strict=False)):
+        if any(b < a for a, b in pairwise(self.origins)):
             raise ValueError(f"stage drain: stage origins must not decrease, got {self.origins}")
 
     @classmethod

@@ -52,9 +52,8 @@ def stage_arrivals(w: Workload, rng: np.random.Generator) -> tuple[np.ndarray, n
                     total += count
                 at += 1.0
             t = np.concatenate(parts) if parts else np.zeros(0)
-            t = t[:n] if w.multi_process else t
-        if not w.multi_process:  # the single-process loop sends only what is due before the stage's end
-            t = t[t < end]
+        # the multi-process loop sends rate x duration requests; the single-process one, those due before the end
+        t = t[:n] if w.multi_process else t[t < end]
         times.append(t)
         stages.append(np.full(len(t), k, dtype=np.int64))
     return np.concatenate(times), np.concatenate(stages)
