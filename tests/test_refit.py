@@ -28,3 +28,32 @@ def test_a_bad_group_is_one_line_exit_2():
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "refit"), "--only", "nonsense"], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and "groups are" in p.stderr and "Traceback" not in p.stderr
+
+
+def infersim_table(directory: Path, eff_flops: float) -> Path:
+    """A prefill table in InferSim's layout (bench_data/mha/prefill/h100/<heads>-<kv heads>-<dim>.csv, µs) priced
+    by Hopper's profile at ``eff_flops``: what the attention-h100 group must read back."""
+    from dataclasses import replace
+
+    from strategies.runtime.sim.attention import prefill_attention_s
+    from strategies.runtime.sim.profile import DeviceProfile
+
+    p = replace(DeviceProfile.for_gpu("h100"), attn_eff_flops=eff_flops)
+    tables = directory / "bench_data" / "mha" / "prefill" / "h100"
+    tables.mkdir(parents=True)
+    for heads, kv_heads in ((28, 4), (32, 32), (64, 8)):
+        rows = [f"bf16,{n},{(prefill_attention_s(p, [(n, n)], heads, 128) + p.attn_kernel_s) * 1e6:.3f},0.5"
+                for n in (1024, 4096, 8192, 16384, 32768)]
+        (tables / f"{heads}-{kv_heads}-128.csv").write_text("dtype,seq_len,latency_us,mfu\n" + "\n".join(rows) + "\n")
+    return directory
+
+
+@pytest.mark.parametrize(("eff", "rc"), [(0.761, 0), (0.6, 1)])
+def test_the_hopper_prefill_constants_refit_from_an_infersim_table(tmp_path, eff, rc):
+    """The attention-h100 group reads InferSim's table layout and fits Hopper's prefill FLOP rate: a table priced
+    at the code's 76% reads back OK, one at 60% says DIFF and exits 1."""
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "refit"), "--only", "attention-h100",
+                        "--inference-sim", str(infersim_table(tmp_path, eff))], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT)
+    assert p.returncode == rc, p.stdout + p.stderr
+    assert ("DIFF HOPPER_ATTENTION[attn_eff_flops]" in p.stdout) == bool(rc), p.stdout

@@ -68,9 +68,26 @@ def _error(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) -> float:
     return float(np.mean(np.abs(predict_attention(rows, p, dtype_bytes) / rows["measured_s"].to_numpy() - 1)))
 
 
-def fit_attention(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) -> DeviceProfile:
-    """``p`` with its decode and prefill attention parameters fitted to ``rows`` (each kind on its own)."""
-    for kind, names in (("decode", DECODE), ("prefill", PREFILL)):
+def load_infersim_prefill(directory: Path) -> pd.DataFrame:
+    """Prefill rows from InferSim's FlashAttention-3 table layout (``kernel_benchmark/fa3_mha_prefill.py``, as
+    inference-sim publishes it for the H100 under ``bench_data/mha/prefill/h100/``): one file per head shape,
+    ``<query heads>-<KV heads>-<head dim>.csv``, a causal cold prompt of ``seq_len`` tokens per row, times in µs."""
+    frames = []
+    for path in sorted(directory.glob("*-*-*.csv")):
+        heads, kv_heads, head_dim = (int(x) for x in path.stem.split("-"))
+        t = pd.read_csv(path)
+        frames.append(pd.DataFrame({"kind": "prefill", "batch": 1, "chunk": t["seq_len"], "kv": 0, "heads": heads,
+                                    "kv_heads": kv_heads, "head_dim": head_dim, "measured_s": t["latency_us"] / 1e6}))
+    if not frames:
+        raise UserError(f"{directory}: no <heads>-<kv heads>-<head dim>.csv prefill tables")
+    return pd.concat(frames, ignore_index=True)
+
+
+def fit_attention(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int,
+                  prefill: tuple[str, ...] = PREFILL) -> DeviceProfile:
+    """``p`` with its decode and prefill attention parameters fitted to ``rows`` (each kind on its own);
+    ``prefill`` names the prefill parameters the fit may move (the rest stay ``p``'s)."""
+    for kind, names in (("decode", DECODE), ("prefill", prefill)):
         sample = rows[rows["kind"] == kind]
         if sample.empty:
             continue

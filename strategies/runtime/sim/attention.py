@@ -7,8 +7,10 @@ most at what one block can draw, and every block pays a fixed cost (set-up, soft
 bytes do not show. Vidur's measured A100 table for Llama-2-7B (FlashAttention-2) shows all three: decode
 at 32 cached tokens costs ~1.2 us per sequence whatever its bytes, a batch of 7 x 2,432 tokens takes 1.6x
 a batch of 6 (224 blocks: a third round on 108 SMs), and 128 x 2,368 reaches ~97% of peak bandwidth.
-Prefill prices each round by its slowest block: the causal chunk's last tile, which attends to every key
-of its context. The profile's parameters were fitted to that table (docs/simulator.md has the figures).
+Prefill prices each round by its slowest block. On that table a chunk's tiles each cost what its last one
+does (every key of its context); FlashAttention-3 on Hopper skips the keys a tile's causal mask hides, so
+there each tile reads its own (``DeviceProfile.prefill_causal``). The profile's parameters were fitted to
+those tables (docs/simulator.md has the figures).
 """
 
 from __future__ import annotations
@@ -66,27 +68,40 @@ def prefill_attention_s(p: DeviceProfile, chunks: Sequence[tuple[float, float]],
     """One layer's prefill attention on one rank over ``chunks``: each (queries, keys) — a chunk's tokens and
     its context (cached tokens plus the chunk itself) — ``heads`` heads, all in one varlen launch.
 
-    Each chunk runs ceil(queries / Q_TILE) tiles a head, each priced as its slowest: the chunk's last tile,
-    min(Q_TILE, queries) rows against every key. The blocks go to the SMs slowest first, in rounds of one block
-    an SM; a round takes as long as its slowest block. So a cold 575-token prompt beside twenty 20-token chunks
-    costs its own five tiles' rounds and the small chunks' rounds after them, where a mean over the chunks
-    (21 chunks of 46 tokens) priced no tile at the prompt's size."""
-    blocks = sorted(((min(Q_TILE, q) * k * 4 * head_dim, min(Q_TILE, q), math.ceil(q / Q_TILE) * heads)
-                     for q, k in chunks if q), reverse=True)  # (one block's FLOPs, its rows, blocks), slowest first
+    Each chunk runs ceil(queries / Q_TILE) tiles a head; tile j holds the chunk's queries j·Q_TILE onwards (at
+    most Q_TILE) and attends, causally, to the cached keys and the chunk's keys up to its last query. The
+    blocks go to the SMs slowest first, in rounds of one block an SM; a round takes as long as its slowest
+    block. So a cold 4,096-token prompt costs about half of what pricing every tile at its last one's keys
+    did (the causal triangle), and a cold 575-token prompt beside twenty 20-token chunks costs its own tiles'
+    rounds and the small chunks' rounds after them, where a mean over the chunks (21 chunks of 46 tokens)
+    priced no tile at the prompt's size."""
+    tiles = (tile for q, k in chunks for tile in chunk_tiles(q, k, p.prefill_causal))
+    # (one block's FLOPs, its rows), slowest first; each tile runs `heads` blocks
+    blocks = sorted(((rows * keys * 4 * head_dim, rows) for rows, keys in tiles), reverse=True)
     sms, peak = p.gpu.sms, p.gpu.peak_flops
     full_rate, block_rate = peak * p.attn_eff_flops, peak / sms * p.prefill_block_flops
-    secs, i, left = 0.0, 0, blocks[0][2] if blocks else 0
+    secs, i, left = 0.0, 0, heads if blocks else 0
     while i < len(blocks):
-        work, rows, _ = blocks[i]  # the round's slowest block: the first one it takes
+        work, rows = blocks[i]  # the round's slowest block: the first one it takes
         n, take = 0, sms
         while take and i < len(blocks):  # fill the round from the slowest blocks left
             got = min(take, left)
             n, take, left = n + got, take - got, left - got
             if not left:
-                i += 1
-                left = blocks[i][2] if i < len(blocks) else 0
+                i, left = i + 1, heads
         secs += rounds_s(n, work, sms, full_rate, block_rate, tile_block_s(p, rows))
     return secs
+
+
+def chunk_tiles(queries: float, keys: float, causal: bool) -> list[tuple[float, float]]:
+    """(rows, keys) of each query tile of a chunk of ``queries`` tokens whose context holds ``keys`` (cached
+    tokens and the chunk). ``causal``: tile j attends to the cached keys and the chunk's first j·Q_TILE + rows
+    (the kernel skips the masked key blocks, as FlashAttention-3 does); else every tile reads every key."""
+    tiles = math.ceil(queries / Q_TILE) if queries > 0 else 0
+    if not causal:  # each tile priced as the chunk's last, a full one (what the A100 fit assumed)
+        return [(min(Q_TILE, queries), keys)] * tiles
+    cached = keys - queries
+    return [(min(Q_TILE, queries - j * Q_TILE), cached + min(queries, (j + 1) * Q_TILE)) for j in range(tiles)]
 
 
 def equal_chunks(chunks: int, tokens: int, context_tokens: float) -> list[tuple[float, float]]:

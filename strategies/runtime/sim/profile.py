@@ -37,6 +37,15 @@ L2_RESIDENT = 0.5  # the fraction of L2 a kernel's working set keeps (fitted: H1
 # peak bandwidth there, not 0.8: at batch 8-16 the generic defaults priced Llama-2-7B's GEMMs 0.3-0.5 ms
 # (~7%) above what cuBLAS measured. In-sample on H100 for these shapes, as the element-wise defaults are.
 HOPPER_GEMMS = {"eff_flops": 0.758, "eff_bw": 0.97, "gemm_kernel_s": 6.7e-6, "ridge_k": 1.5}
+# Prefill attention on Hopper: FlashAttention-3's varlen kernel (vLLM's and SGLang's on H100) skips the
+# masked key blocks and runs at 76% of peak FLOP/s with every SM busy; `scripts/refit --only attention-h100`
+# fits that to the H100 table inference-sim publishes (InferSim's fa3_mha_prefill.py: cold prompts of 4,096-32,768
+# tokens, six head shapes; its 1,024-token rows carry its host timer's ~20 us and are left out). Prompts that
+# long fill every round but the last, so the table cannot tell a single block's rate or fixed cost: a block may
+# draw its SM's whole share, and pays the decode block's fixed cost. Decode keeps the A100 fit (docs/simulator.md
+# has it against the same repository's H100 FlashInfer decode table).
+HOPPER_ATTENTION = {"prefill_causal": True, "attn_eff_flops": 0.761, "prefill_block_flops": 1.0,
+                    "prefill_block_s": 4.7e-6}
 HOPPER = ("h100", "h200")
 
 
@@ -59,6 +68,10 @@ class DeviceProfile:
     attn_eff_flops: float = 0.34  # prefill: achieved / peak FLOP/s with every SM busy
     prefill_block_flops: float = 0.49  # prefill: one thread block's FLOP/s / an SM's share of the peak
     prefill_block_s: float = 46e-6  # prefill: one thread block's fixed cost
+    # prefill: whether a query tile reads only the keys its causal mask leaves (FlashAttention-3 on Hopper skips
+    # the masked key blocks); else every tile of a chunk costs its last one (the A100 table's kernel: a cold
+    # 3,456-token prompt runs at half the FLOP rate of a 1,024-token chunk after 3,072 cached tokens)
+    prefill_causal: bool = False
     attn_eff_bw: float = 0.97  # decode: achieved / peak bandwidth with every SM busy
     attn_block_bw: float = 0.65  # decode: one thread block's bandwidth / an SM's share of the peak
     attn_block_s: float = 4.7e-6  # decode: one thread block's fixed cost (set-up, softmax, write-out)
@@ -134,7 +147,7 @@ class DeviceProfile:
             return cls(GPUS[name], kernel_s=0.0, gemm_kernel_s=0.0, attn_kernel_s=0.0, elem_kernel_s=None,
                        combine="max")
         if name in HOPPER:
-            return cls(GPUS[name], **HOPPER_GEMMS)
+            return cls(GPUS[name], **HOPPER_GEMMS, **HOPPER_ATTENTION)
         return cls(GPUS[name])
 
     def elem_latency(self, op: str) -> float:
