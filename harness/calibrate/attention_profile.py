@@ -12,6 +12,7 @@ ones are fitted by a coordinate search that minimises the mean |predicted / meas
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,6 +28,7 @@ COLUMNS = ["n_embd", "n_q_head", "n_kv_head", "num_tensor_parallel_workers", "ba
 DECODE = ("attn_eff_bw", "attn_block_bw", "attn_block_s", "attn_kernel_s")
 PREFILL = ("attn_eff_flops", "prefill_block_flops", "prefill_block_s")
 MAX_ROWS = 1500  # per kind: a seeded sample keeps the fit to seconds
+INFERSIM_NAME = re.compile(r"(\d+)-(\d+)-(\d+)(?:-tp(\d+))?")
 
 
 def load_attention(paths: list[Path]) -> pd.DataFrame:
@@ -68,18 +70,34 @@ def _error(rows: pd.DataFrame, p: DeviceProfile, dtype_bytes: int) -> float:
     return float(np.mean(np.abs(predict_attention(rows, p, dtype_bytes) / rows["measured_s"].to_numpy() - 1)))
 
 
-def load_infersim_prefill(directory: Path) -> pd.DataFrame:
-    """Prefill rows from InferSim's FlashAttention-3 table layout (``kernel_benchmark/fa3_mha_prefill.py``, as
-    inference-sim publishes it for the H100 under ``bench_data/mha/prefill/h100/``): one file per head shape,
-    ``<query heads>-<KV heads>-<head dim>.csv``, a causal cold prompt of ``seq_len`` tokens per row, times in µs."""
+INFERSIM_COLUMNS = {"prefill": ("seq_len", "latency_us"), "decode": ("batch_size", "kv_len", "latency_us")}
+
+
+def load_infersim(directory: Path, kind: str) -> pd.DataFrame:
+    """Rows from InferSim's attention tables (alibaba/InferSim's kernel_benchmark scripts; inference-sim publishes
+    the H100's under ``bench_data/mha/{prefill,decode}/h100/``): a file per head shape,
+    ``<query heads>-<KV heads>-<head dim>[-tp<N>].csv``, times in µs. ``prefill``: a causal cold prompt of
+    ``seq_len`` tokens a row (FlashAttention-3's varlen kernel); ``decode``: ``batch_size`` sequences of ``kv_len``
+    KV entries each (FlashInfer's), the heads split over the file's TP degree."""
     frames = []
-    for path in sorted(directory.glob("*-*-*.csv")):
-        heads, kv_heads, head_dim = (int(x) for x in path.stem.split("-"))
-        t = pd.read_csv(path)
-        frames.append(pd.DataFrame({"kind": "prefill", "batch": 1, "chunk": t["seq_len"], "kv": 0, "heads": heads,
-                                    "kv_heads": kv_heads, "head_dim": head_dim, "measured_s": t["latency_us"] / 1e6}))
+    for path in sorted(directory.glob("*.csv")):
+        if not (m := INFERSIM_NAME.fullmatch(path.stem)):
+            continue
+        heads, kv_heads, head_dim, tp = (int(x) for x in (*m.groups()[:3], m.group(4) or 1))
+        try:
+            t = pd.read_csv(path)
+        except (OSError, ValueError) as exc:
+            raise UserError(f"{path}: not a readable CSV ({exc})") from None
+        if missing := sorted(set(INFERSIM_COLUMNS[kind]) - set(t.columns)):
+            raise UserError(f"{path}: the {kind} table lacks {missing}")
+        prefill = kind == "prefill"
+        frames.append(pd.DataFrame({
+            "kind": kind, "batch": 1 if prefill else t["batch_size"], "chunk": t["seq_len"] if prefill else 0,
+            # a decode row at position kv reads kv + 1 entries and writes one (predict_attention): kv_len in all
+            "kv": 0 if prefill else t["kv_len"] - 2, "heads": max(heads // tp, 1), "kv_heads": max(kv_heads // tp, 1),
+            "head_dim": head_dim, "shape": path.stem, "measured_s": t["latency_us"] / 1e6}))
     if not frames:
-        raise UserError(f"{directory}: no <heads>-<kv heads>-<head dim>.csv prefill tables")
+        raise UserError(f"{directory}: no <heads>-<KV heads>-<head dim>[-tp<N>].csv {kind} tables")
     return pd.concat(frames, ignore_index=True)
 
 

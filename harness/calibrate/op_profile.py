@@ -257,8 +257,8 @@ def fit_op_profile(directory: Path, gpu: str, dtype: str = "float16") -> tuple[D
             by_workers[str(int(n))] = [t, e]
         fit = replace(fit, allreduce_latency_s=lat, link_eff=eff, allreduce_by_workers=by_workers)
     attention = load_attention(sorted(directory.glob("*attention*.csv")))
-    if len(attention):
-        fit = fit_attention(attention, fit, dtype_bytes)
+    if len(attention):  # Vidur's kernel prices a chunk's tiles at its last one's keys (sim/attention.py)
+        fit = fit_attention(attention, replace(fit, prefill_causal=False), dtype_bytes)
     fit = replace(fit, source=f"op-profile:{directory}")
     errors = {}  # the fitted profile's without its GEMM table, which prices its own rows exactly
     for name, p in (("datasheet", base), ("fitted", replace(fit, gemm_table=None))):

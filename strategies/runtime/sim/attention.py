@@ -68,40 +68,39 @@ def prefill_attention_s(p: DeviceProfile, chunks: Sequence[tuple[float, float]],
     """One layer's prefill attention on one rank over ``chunks``: each (queries, keys) — a chunk's tokens and
     its context (cached tokens plus the chunk itself) — ``heads`` heads, all in one varlen launch.
 
-    Each chunk runs ceil(queries / Q_TILE) tiles a head; tile j holds the chunk's queries j·Q_TILE onwards (at
-    most Q_TILE) and attends, causally, to the cached keys and the chunk's keys up to its last query. The
-    blocks go to the SMs slowest first, in rounds of one block an SM; a round takes as long as its slowest
-    block. So a cold 4,096-token prompt costs about half of what pricing every tile at its last one's keys
-    did (the causal triangle), and a cold 575-token prompt beside twenty 20-token chunks costs its own tiles'
-    rounds and the small chunks' rounds after them, where a mean over the chunks (21 chunks of 46 tokens)
-    priced no tile at the prompt's size."""
-    tiles = (tile for q, k in chunks for tile in chunk_tiles(q, k, p.prefill_causal))
-    # (one block's FLOPs, its rows), slowest first; each tile runs `heads` blocks
-    blocks = sorted(((rows * keys * 4 * head_dim, rows) for rows, keys in tiles), reverse=True)
+    Each chunk runs ceil(queries / Q_TILE) tiles a head (``chunk_tiles``): where the profile's kernel skips the
+    keys a causal mask hides (``prefill_causal``), tile j reads the cached keys and the chunk's up to its last
+    query, so a cold 4,096-token prompt costs about half of what pricing every tile at the chunk's last does;
+    else every tile is priced as that last one. The blocks go to the SMs slowest first, in rounds of one block
+    an SM; a round takes as long as its slowest block. So a cold 575-token prompt beside twenty 20-token chunks
+    costs its own tiles' rounds and the small chunks' rounds after them, where a mean over the chunks (21 chunks
+    of 46 tokens) priced no tile at the prompt's size."""
+    # (one block's FLOPs, its rows, its blocks): a chunk's tiles, slowest first; each tile runs `heads` blocks
+    groups = sorted(((rows * keys * 4 * head_dim, rows, n * heads) for q, k in chunks
+                     for rows, keys, n in chunk_tiles(q, k, p.prefill_causal)), reverse=True)
     sms, peak = p.gpu.sms, p.gpu.peak_flops
     full_rate, block_rate = peak * p.attn_eff_flops, peak / sms * p.prefill_block_flops
-    secs, i, left = 0.0, 0, heads if blocks else 0
-    while i < len(blocks):
-        work, rows = blocks[i]  # the round's slowest block: the first one it takes
-        n, take = 0, sms
-        while take and i < len(blocks):  # fill the round from the slowest blocks left
-            got = min(take, left)
-            n, take, left = n + got, take - got, left - got
-            if not left:
-                i, left = i + 1, heads
-        secs += rounds_s(n, work, sms, full_rate, block_rate, tile_block_s(p, rows))
+    total = sum(g[2] for g in groups)
+    secs, g, end = 0.0, 0, groups[0][2] if groups else 0  # `end`: the blocks up to and including group g
+    for first in range(0, total, sms):  # a round of up to `sms` blocks, priced by its first (slowest) block
+        while end <= first:
+            g += 1
+            end += groups[g][2]
+        work, rows, _ = groups[g]
+        secs += rounds_s(min(sms, total - first), work, sms, full_rate, block_rate, tile_block_s(p, rows))
     return secs
 
 
-def chunk_tiles(queries: float, keys: float, causal: bool) -> list[tuple[float, float]]:
-    """(rows, keys) of each query tile of a chunk of ``queries`` tokens whose context holds ``keys`` (cached
-    tokens and the chunk). ``causal``: tile j attends to the cached keys and the chunk's first j·Q_TILE + rows
-    (the kernel skips the masked key blocks, as FlashAttention-3 does); else every tile reads every key."""
+def chunk_tiles(queries: float, keys: float, causal: bool) -> list[tuple[float, float, int]]:
+    """(rows, keys, how many) of the query tiles of a chunk of ``queries`` tokens whose context holds ``keys``
+    (cached tokens and the chunk). ``causal``: tile j attends to the cached keys and the chunk's first
+    j·Q_TILE + rows (the kernel skips the masked key blocks, as FlashAttention-3 does); else every tile is
+    priced as the chunk's last, a full one reading every key (what the A100 fit assumed)."""
     tiles = math.ceil(queries / Q_TILE) if queries > 0 else 0
-    if not causal:  # each tile priced as the chunk's last, a full one (what the A100 fit assumed)
-        return [(min(Q_TILE, queries), keys)] * tiles
+    if not causal:
+        return [(min(Q_TILE, queries), keys, tiles)] if tiles else []
     cached = keys - queries
-    return [(min(Q_TILE, queries - j * Q_TILE), cached + min(queries, (j + 1) * Q_TILE)) for j in range(tiles)]
+    return [(min(Q_TILE, queries - j * Q_TILE), cached + min(queries, (j + 1) * Q_TILE), 1) for j in range(tiles)]
 
 
 def equal_chunks(chunks: int, tokens: int, context_tokens: float) -> list[tuple[float, float]]:
@@ -118,8 +117,9 @@ def tile_block_s(p: DeviceProfile, rows: float) -> float:
     tile's at Q_TILE, and between them in proportion to the rows — loading the queries, their softmax state
     and writing their outputs scale with the rows. A chunk shorter than a tile (a prompt mostly read from the
     prefix cache, a verify chunk) then costs about what as many decode rows do, as in a varlen kernel that
-    runs both (vLLM V1's FlashAttention), not what a full tile does. The two ends are fitted (A100 table,
-    docs/simulator.md); the straight line between them is an assumption no measured short chunk has checked."""
+    runs both (vLLM V1's FlashAttention), not what a full tile does. The two ends are fitted on the A100's table
+    (docs/simulator.md); on Hopper both are the decode block's, assumed (its table's long prompts do not show a
+    block's cost). The straight line between them is an assumption no measured short chunk has checked."""
     if rows >= Q_TILE:
         return p.prefill_block_s
     return p.attn_block_s + (p.prefill_block_s - p.attn_block_s) * (max(rows, 1.0) - 1) / (Q_TILE - 1)

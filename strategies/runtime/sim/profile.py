@@ -63,8 +63,9 @@ class DeviceProfile:
     eff_bw: float = 0.8  # GEMMs' weight streaming and attention's KV: achieved / peak bandwidth
     gemm_kernel_s: float = 4e-6  # latency floor of one GEMM
     # Attention, as thread blocks in rounds over the SMs (sim/attention.py; fitted to Vidur's A100
-    # FlashAttention-2 table, so in-sample on A100 and assumed elsewhere). Without SMs (a CPU), a roofline
-    # of attn_eff_flops and eff_bw.
+    # FlashAttention-2 table, so in-sample on A100 and assumed elsewhere, but Hopper's prefill:
+    # HOPPER_ATTENTION). Without SMs (a CPU), and for an encoder's attention, a roofline of attn_eff_flops
+    # and eff_bw.
     attn_eff_flops: float = 0.34  # prefill: achieved / peak FLOP/s with every SM busy
     prefill_block_flops: float = 0.49  # prefill: one thread block's FLOP/s / an SM's share of the peak
     prefill_block_s: float = 46e-6  # prefill: one thread block's fixed cost
