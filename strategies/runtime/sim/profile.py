@@ -71,7 +71,7 @@ class DeviceProfile:
     prefill_block_s: float = 46e-6  # prefill: one thread block's fixed cost
     # prefill: whether a query tile reads only the keys its causal mask leaves (FlashAttention-3 on Hopper skips
     # the masked key blocks); else every tile of a chunk costs its last one (the A100 table's kernel: a cold
-    # 3,456-token prompt runs at half the FLOP rate of a 1,024-token chunk after 3,072 cached tokens)
+    # 3,456-token prompt runs at half the rate, per causal FLOP, of a 1,024-token chunk after 3,072 cached)
     prefill_causal: bool = False
     attn_eff_bw: float = 0.97  # decode: achieved / peak bandwidth with every SM busy
     attn_block_bw: float = 0.65  # decode: one thread block's bandwidth / an SM's share of the peak
