@@ -13,6 +13,7 @@ ones are fitted by a coordinate search that minimises the mean |predicted / meas
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,16 +32,22 @@ MAX_ROWS = 1500  # per kind: a seeded sample keeps the fit to seconds
 INFERSIM_NAME = re.compile(r"(\d+)-(\d+)-(\d+)(?:-tp(\d+))?")
 
 
+def read_table(path: Path, columns: Sequence[str], what: str) -> pd.DataFrame:
+    """A CSV that must hold ``columns``: else one line saying which (``what``: the table's kind)."""
+    try:
+        t = pd.read_csv(path)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{path}: not a readable CSV ({exc})") from None
+    if missing := sorted(set(columns) - set(t.columns)):
+        raise UserError(f"{path}: the {what} table lacks {missing}")
+    return t
+
+
 def load_attention(paths: list[Path]) -> pd.DataFrame:
     """Rows (kind, batch, chunk, kv, heads, kv_heads, head_dim, measured_s) from Vidur attention tables."""
     frames = []
     for path in paths:
-        try:
-            t = pd.read_csv(path)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path}: not a readable CSV ({exc})") from None
-        if missing := sorted(set(COLUMNS) - set(t.columns)):
-            raise UserError(f"{path}: the attention table lacks {missing}")
+        t = read_table(path, COLUMNS, "attention")
         prefill = t["is_prefill"].astype(str).str.lower() == "true"
         measured = np.where(prefill, t.get("time_stats.attn_prefill.median", np.nan),
                             t.get("time_stats.attn_decode.median", np.nan))
@@ -84,12 +91,7 @@ def load_infersim(directory: Path, kind: str) -> pd.DataFrame:
         if not (m := INFERSIM_NAME.fullmatch(path.stem)):
             continue
         heads, kv_heads, head_dim, tp = (int(x) for x in (*m.groups()[:3], m.group(4) or 1))
-        try:
-            t = pd.read_csv(path)
-        except (OSError, ValueError) as exc:
-            raise UserError(f"{path}: not a readable CSV ({exc})") from None
-        if missing := sorted(set(INFERSIM_COLUMNS[kind]) - set(t.columns)):
-            raise UserError(f"{path}: the {kind} table lacks {missing}")
+        t = read_table(path, INFERSIM_COLUMNS[kind], kind)
         prefill = kind == "prefill"
         frames.append(pd.DataFrame({
             "kind": kind, "batch": 1 if prefill else t["batch_size"], "chunk": t["seq_len"] if prefill else 0,
