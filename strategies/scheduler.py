@@ -253,13 +253,17 @@ class IterationScheduler:
 
     @staticmethod
     def _add(batch: ScheduledBatch, r: Request, n: int) -> int:
-        computed, target = r.num_computed_tokens, r.context_target  # (each a read of the progress book)
-        if computed < target:
-            samples = computed + n == target
+        # (the counters of ``r``'s progress read and written in its book's row directly, not through the
+        # request's properties: a burst's admissions each pass here, docs/host-path.md)
+        c, row = r.book.counters, r.row
+        computed = c.item(row, COMPUTED)
+        if computed < c.item(row, TARGET):
+            samples = computed + n == c.item(row, TARGET)
             batch.context.append(ContextChunk(r, computed, n, samples))
         else:
             samples = True
             batch.add_generation(r, computed)
-        r.num_computed_tokens = computed + n
-        r.pending_samples += samples
+        c[row, COMPUTED] = computed + n
+        if samples:  # one more sample on its way: ``pending_samples`` + 1
+            c[row, SCHEDULED] += 1
         return n

@@ -43,19 +43,22 @@ class SlotProgress:
         self.tokens = np.zeros((num_slots, columns), dtype=np.int64)  # [S, C] prompt then outputs
         self.times = np.zeros((num_slots, time_columns), dtype=np.float64)  # [S, C'] when each output was received
 
-    def take(self, slot: int, holder: object, counters: tuple[int, ...], tokens: np.ndarray, times: np.ndarray,
+    def take(self, slot: int, holder: object, counters: list[int], tokens: np.ndarray, times: np.ndarray,
              running: bool) -> None:
         """``holder`` takes ``slot`` with its ``counters`` (the six columns), ``tokens`` (prompt and outputs)
         and output ``times``."""
-        assert self.holder[slot] is None, f"slot {slot} is held"
+        holders = self.holder
+        assert holders[slot] is None, f"slot {slot} is held"
         most = max(counters[MAX_NEW], counters[OUTPUTS])
-        self.fit(counters[PROMPT] + most, most)
+        if counters[PROMPT] + most > self.tokens.shape[1] or most > self.times.shape[1]:
+            self.fit(counters[PROMPT] + most, most)
         self.counters[slot] = counters
         self.tokens[slot, :len(tokens)] = tokens
         if len(times):  # (a first admission has none; writing even an empty one costs: docs/host-path.md)
             self.times[slot, :len(times)] = times
-        self.key[slot] = (self.key[slot] | 1) + 1 + running  # the next tenure
-        self.holder[slot] = holder
+        key = self.key
+        key[slot] = (key.item(slot) | 1) + 1 + running  # the next tenure (as ints: numpy scalars' sums cost)
+        holders[slot] = holder
 
     def give_back(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The holder leaves ``slot``: its counters, output tokens and output times (views: copy them before the

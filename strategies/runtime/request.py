@@ -213,10 +213,11 @@ class Request:
         self.status = Status.RUNNING
         self.slot = self.last_slot = slot
         self.admitted_seq = seq
-        self.num_computed_tokens = cached_tokens
-        self.context_target = self.prompt_len + self.num_output_tokens
-        if book is not None:
-            self._into(book, slot)
+        if book is None:
+            self.num_computed_tokens = cached_tokens
+            self.context_target = self.prompt_len + self.num_output_tokens
+        else:
+            self._into(book, slot, cached_tokens)
 
     @property
     def in_slot_book(self) -> bool:
@@ -229,12 +230,16 @@ class Request:
             self._out_of(self.book, self.slot)
         self.slot = None
 
-    def _into(self, book: SlotProgress, slot: int) -> None:
-        """Move the progress into ``slot``'s row of ``book``."""
+    def _into(self, book: SlotProgress, slot: int, computed: int) -> None:
+        """Move the progress into ``slot``'s row of ``book``, ``computed`` tokens computed and the prompt and the
+        outputs so far to prefill. The two counters are set on the way in, not in its own row first: that row is
+        not read again until the progress comes back (``_out_of``), which overwrites it."""
+        assert self.book is self.own, f"{self.request_id} is admitted while it holds slot {self.slot}"
         own = self.own
-        c = own.counters[0]
-        outputs = c.item(OUTPUTS)
-        book.take(slot, self, tuple(c.tolist()), own.tokens[0, :self.prompt_len + outputs], own.times[0, :outputs],
+        c = own.counters[0].tolist()
+        outputs = c[OUTPUTS]
+        c[COMPUTED], c[TARGET] = computed, self.prompt_len + outputs
+        book.take(slot, self, c, own.tokens[0, :self.prompt_len + outputs], own.times[0, :outputs],
                   self.status is Status.RUNNING)
         self.book, self.row = book, slot
 

@@ -226,7 +226,7 @@ def test_scheduler_step(benchmark, waiting, decode_step):
         sched.schedule(0, queues, running)
 
     measure(benchmark, step, rounds=20, setup=setup)
-    t, decode = interleaved(step, decode_step, rounds=20, setup=setup)
+    t, decode = interleaved(step, decode_step, rounds=60, setup=setup)
     assert t <= 0.1 * decode
 
 

@@ -148,9 +148,9 @@ class BlockManager:
             if min(hits) < 0:  # (after the GPU hits are held: an onload's block never evicts one)
                 hits = self._onload(hits, hashes)
             self.tables[slot, :width, :len(hits)] = hits
+            self.held_blocks[slot] = self._hashed[slot] = len(hits)  # (else both 0 already: _hashed <= held)
         self._width[slot] = width
         self._shared[slot] = prompt_len // self.tokens_per_block if width > 1 else 0
-        self.held_blocks[slot] = self._hashed[slot] = len(hits)
         self.grow(slot, reserve_tokens)
 
     def _onload(self, hits: list[int], hashes: list[int] | None) -> list[int]:
