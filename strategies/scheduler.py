@@ -256,9 +256,9 @@ class IterationScheduler:
         # (the counters of ``r``'s progress read and written in its book's row directly, not through the
         # request's properties: a burst's admissions each pass here, docs/host-path.md)
         c, row = r.book.counters, r.row
-        computed = c.item(row, COMPUTED)
-        if computed < c.item(row, TARGET):
-            samples = computed + n == c.item(row, TARGET)
+        computed, target = c.item(row, COMPUTED), c.item(row, TARGET)
+        if computed < target:
+            samples = computed + n == target
             batch.context.append(ContextChunk(r, computed, n, samples))
         else:
             samples = True
