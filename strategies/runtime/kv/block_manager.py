@@ -142,9 +142,10 @@ class BlockManager:
             ref = self._ref
             for b in hits:
                 if b >= 0:
-                    if ref.item(b) == 0:  # it sat in the LRU pool
+                    holders = ref.item(b)  # (as an int: a numpy scalar's += costs more)
+                    if holders == 0:  # it sat in the LRU pool
                         del self._evictable[b]
-                    ref[b] += 1
+                    ref[b] = holders + 1
             if min(hits) < 0:  # (after the GPU hits are held: an onload's block never evicts one)
                 hits = self._onload(hits, hashes)
             self.tables[slot, :width, :len(hits)] = hits
@@ -249,13 +250,17 @@ class BlockManager:
                 own = self.tables[slot, beam, shared:held]  # [held - shared]
                 self._free.put(own)
                 ref[own] = 0
+            freed = []  # (queued in one call: a call a block cost ~1.3 us each)
             for b in self.table[slot, :held][::-1].tolist():  # tail blocks first
-                ref[b] -= 1
-                if ref.item(b) == 0:
+                holders = ref.item(b) - 1
+                ref[b] = holders
+                if holders == 0:
                     if b in self._hash_of:
                         self._evictable[b] = None
                     else:
-                        self._free.put((b,))
+                        freed.append(b)
+            if freed:
+                self._free.put(freed)
         self.held_blocks[slot] = self._hashed[slot] = 0
         self._width[slot], self._shared[slot] = 1, 0
 
