@@ -100,9 +100,7 @@ class SlotProgress:
 
     def fit(self, columns: int, time_columns: int) -> None:
         """Widen the rows (doubling) where a request of ``columns`` tokens and ``time_columns`` outputs does not
-        fit; rare (each admission asks), and never per step."""
-        if columns <= self.tokens.shape[1] and time_columns <= self.times.shape[1]:  # nearly always: it fits
-            return
+        fit; rare (``take`` calls it only then), and never per step."""
         for name, need in (("tokens", columns), ("times", time_columns)):
             a = getattr(self, name)
             if need > a.shape[1]:

@@ -181,16 +181,15 @@ class Request:
 
     @property
     def first_token_s(self) -> float | None:
-        book, row = self.book, self.row  # (one element: not the whole list of times, read per request when written)
-        return book.times.item(row, 0) if book.counters.item(row, OUTPUTS) else None
+        # (one element: not the whole list of times, read per request when written)
+        return self.book.times.item(self.row, 0) if self.num_output_tokens else None
 
     @property
     def finish_s(self) -> float | None:
         if self.status is not Status.FINISHED:
             return None
-        book, row = self.book, self.row
-        n = book.counters.item(row, OUTPUTS)
-        return book.times.item(row, n - 1) if n else None
+        n = self.num_output_tokens
+        return self.book.times.item(self.row, n - 1) if n else None
 
     def first_token_to_client(self, at_s: float) -> None:
         """Disagg: the first token reaches a client behind a proxy at ``at_s`` (the prefill's time is kept)."""
